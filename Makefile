@@ -1,0 +1,72 @@
+# mok: `make` builds libmok.so, libmok.a and the mok command; `make test` builds everything
+# (including the sm_90a compile of every kernel) and runs the CPU tests; `make gpu-check` is the
+# one command to send to the device: it builds, runs the GPU tests, then the benchmark.
+
+CC      ?= gcc
+NVCC    ?= nvcc
+CUDA    ?= $(patsubst %/bin/nvcc,%,$(shell command -v $(NVCC)))
+PYTHON  ?= python3
+
+WARN    := -Wall -Wextra -Werror
+CFLAGS  := -std=c11 -O2 -g -fPIC -fopenmp $(WARN) -Iinclude -Isrc -D_GNU_SOURCE
+NVFLAGS := -std=c++17 -O3 -g -lineinfo -gencode arch=compute_90a,code=sm_90a -Werror all-warnings \
+           -Xcompiler -fPIC,-Wall,-Wextra,-Werror -Iinclude -Isrc -I$(CUDA)/include
+LDLIBS  := -L$(CUDA)/lib64 -lcudart_static -lrt -ldl -lpthread -lm -fopenmp -lstdc++
+
+LIB_C   := $(wildcard src/*.c src/cpu/*.c)
+LIB_CU  := $(wildcard src/cuda/*.cu)
+LIB_OBJ := $(LIB_C:%.c=build/%.o) $(LIB_CU:%.cu=build/%.o)
+TEST_C  := $(wildcard tests/*.c)
+GPU_SRC := $(wildcard tests/gpu/*.c tests/gpu/*.cu)
+GPU_OBJ := $(patsubst %,build/%.o,$(basename $(GPU_SRC))) build/tests/gpu/main.o
+
+all: build/libmok.so build/libmok.a build/mok
+
+build/%.o: %.c $(wildcard include/*.h src/*.h src/cpu/*.h tests/*.h)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Itests -c $< -o $@
+
+build/%.o: %.cu $(wildcard include/*.h src/*.h src/cuda/*.cuh)
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVFLAGS) -c $< -o $@
+
+build/libmok.a: $(LIB_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+build/libmok.so: $(LIB_OBJ)
+	$(CC) -shared -o $@ $^ $(LDLIBS)
+
+build/mok: tools/mok.c build/libmok.a
+	$(CC) $(CFLAGS) -o $@ $< build/libmok.a $(LDLIBS)
+
+build/test_mok: $(TEST_C:%.c=build/%.o) build/libmok.a
+	$(CC) -o $@ $(filter %.o,$^) build/libmok.a $(LDLIBS)
+
+# The GPU test binary shares main.c with the CPU one; its tables.h lists the GPU test files.
+build/tests/gpu/main.o: tests/main.c tests/gpu/tables.h tests/check.h
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Itests/gpu -Itests -c $< -o $@
+
+build/tests/gpu/%.o: tests/gpu/%.c $(wildcard include/*.h src/*.h tests/*.h tests/gpu/*.h)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Itests/gpu -Itests -c $< -o $@
+
+build/tests/gpu/%.o: tests/gpu/%.cu $(wildcard include/*.h src/*.h src/cuda/*.cuh tests/*.h)
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVFLAGS) -Itests -c $< -o $@
+
+build/test_gpu: $(GPU_OBJ) build/libmok.a
+	$(CC) -o $@ $^ $(LDLIBS)
+
+test: all build/test_mok build/test_gpu
+	./build/test_mok
+	MOK_LIB=build/libmok.so $(PYTHON) -m pytest -q python/tests
+
+gpu-check: all build/test_gpu
+	./tools/gpu-check.sh
+
+clean:
+	rm -rf build
+
+.PHONY: all test gpu-check clean

@@ -1,0 +1,178 @@
+/*
+ * mok.h: the public C API of mok, one deterministic Mixture-of-Experts layer (routed SwiGLU
+ * experts, an optional shared expert) forward and backward, on NVIDIA Hopper or on the CPU.
+ *
+ * Shape letters (DESIGN.md §1): T tokens on this rank, H hidden size, I routed intermediate size,
+ * I_s shared intermediate size (0 = no shared expert), E experts in total, k experts per token,
+ * ep ranks in the expert-parallel group, E_local = E / ep experts on this rank.
+ *
+ * Usage:
+ *   mok_context *ctx;   mok_context_create(&cfg, &ctx);          // backend, device, EP group
+ *   mok_workspace *ws;  mok_workspace_create(ctx, &shape, &ws);  // once per layer shape
+ *   size_t n = mok_saved_bytes(ws, T);                           // per call: what backward needs
+ *   mok_forward(ws, &fwd, stream);   mok_backward(ws, &bwd, stream);
+ *   mok_check(ws, stream);           // reports device-side errors (synchronises; not hot path)
+ *
+ * Pointers are device pointers for the CUDA backend and host pointers for the CPU backend.
+ * `stream` is a cudaStream_t (NULL = legacy default stream); the CPU backend ignores it.
+ * Every function returns a status; mok_last_error() explains the last failure on this thread.
+ * Nothing here synchronises with the host except mok_check and mok_schedule_counts, and nothing
+ * allocates after mok_workspace_create, so forward and backward can be captured in a CUDA graph.
+ */
+#ifndef MOK_H
+#define MOK_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define MOK_VERSION_MAJOR 0
+#define MOK_VERSION_MINOR 1
+#define MOK_VERSION_PATCH 0
+#define MOK_VERSION (MOK_VERSION_MAJOR * 10000 + MOK_VERSION_MINOR * 100 + MOK_VERSION_PATCH)
+
+/* Routed rows of each expert are padded to a multiple of this (the GEMM tile height). */
+#define MOK_TILE_M 128
+
+/* X(name, value, message). One list generates the enum, mok_status_name and mok_status_string. */
+#define MOK_STATUS_LIST(X)                                                                       \
+  X(MOK_OK, 0, "success")                                                                      \
+  X(MOK_ERR_INVALID_ARG, 1, "invalid argument (null pointer, bad size or shape)")              \
+  X(MOK_ERR_UNSUPPORTED, 2, "not supported (backend, device, precision or shape)")             \
+  X(MOK_ERR_ALIGNMENT, 3, "pointer not aligned as required")                                   \
+  X(MOK_ERR_OUT_OF_MEMORY, 4, "out of memory")                                                 \
+  X(MOK_ERR_EXPERT_ID, 5, "an expert id in topk_ids is out of range")                          \
+  X(MOK_ERR_CAPACITY, 6, "routed rows exceed the capacity of the workspace")                   \
+  X(MOK_ERR_TIMEOUT, 7, "a peer rank did not arrive in time")                                  \
+  X(MOK_ERR_CUDA, 8, "CUDA runtime error")                                                     \
+  X(MOK_ERR_NCCL, 9, "NCCL error")                                                             \
+  X(MOK_ERR_INTERNAL, 10, "internal error")
+
+typedef enum mok_status {
+#define MOK_STATUS_ENUM_(name, value, msg) name = value,
+  MOK_STATUS_LIST(MOK_STATUS_ENUM_)
+#undef MOK_STATUS_ENUM_
+} mok_status;
+
+typedef enum mok_backend { MOK_BACKEND_CPU = 0, MOK_BACKEND_CUDA = 1 } mok_backend;
+typedef enum mok_precision { MOK_BF16 = 0, MOK_FP8 = 1 /* not yet supported */ } mok_precision;
+
+/* How backward writes the six weight gradients. */
+typedef enum mok_grad_mode {
+  MOK_GRAD_WRITE_BF16 = 0,     /* dw_* are bf16 tensors, overwritten */
+  MOK_GRAD_ACCUMULATE_F32 = 1  /* dw_* are fp32 main-grad buffers; backward adds to them */
+} mok_grad_mode;
+
+typedef struct mok_context mok_context;
+typedef struct mok_workspace mok_workspace;
+
+/* ---- version, status ------------------------------------------------------------------------ */
+int mok_version(void);                      /* MOK_VERSION of the library that is loaded */
+const char *mok_status_name(mok_status s);   /* "MOK_ERR_INVALID_ARG" */
+const char *mok_status_string(mok_status s); /* one line saying what the code means */
+/* The last failure on the calling thread: what was wrong and what was expected. "" if none. */
+const char *mok_last_error(void);
+
+/* ---- context: backend, device, EP group ----------------------------------------------------- */
+typedef struct mok_context_config {
+  mok_backend backend;
+  int device;   /* CUDA device ordinal; ignored by the CPU backend */
+  int ep_rank;  /* rank in the expert-parallel group */
+  int ep_size;  /* ranks in the group; 1 for now */
+  int threads;  /* CPU backend worker threads; 0 = all cores */
+} mok_context_config;
+#define MOK_CONTEXT_CONFIG_INIT {MOK_BACKEND_CPU, 0, 0, 1, 0}
+
+mok_status mok_context_create(const mok_context_config *cfg, mok_context **out);
+void mok_context_destroy(mok_context *ctx); /* accepts NULL */
+/* Number of CUDA devices visible (0 when there is no driver or no GPU). Never fails. */
+int mok_cuda_device_count(void);
+
+/* ---- workspace: scratch for one layer shape, created once ----------------------------------- */
+typedef struct mok_shape {
+  int64_t max_tokens;   /* T: the most tokens per rank any call will pass */
+  int64_t hidden;       /* H */
+  int64_t inter;        /* I */
+  int64_t shared_inter; /* I_s; 0 = no shared expert */
+  int32_t experts;      /* E, all ranks together; E % ep == 0 */
+  int32_t top_k;        /* k, 1 <= k <= E */
+  mok_precision precision;
+} mok_shape;
+#define MOK_SHAPE_INIT {0, 0, 0, 0, 0, 0, MOK_BF16}
+
+/* The CUDA backend also needs H, I and I_s to be multiples of 64. */
+mok_status mok_workspace_create(mok_context *ctx, const mok_shape *shape, mok_workspace **out);
+void mok_workspace_destroy(mok_workspace *ws); /* accepts NULL */
+/* Bytes of workspace memory held (device memory for CUDA, host memory for the CPU). */
+size_t mok_workspace_bytes(const mok_workspace *ws);
+
+/* Bytes of the `saved` buffer a call with `tokens` tokens needs: the schedule and the activations
+ * backward reads (gate/up pre-activations and the weighted SwiGLU output). One per call in flight:
+ * forward (or recompute) fills it, backward of the same inputs reads it. 256-byte aligned. */
+size_t mok_saved_bytes(const mok_workspace *ws, int64_t tokens);
+
+/* ---- the layer ------------------------------------------------------------------------------ */
+typedef struct mok_weights {   /* bf16, row-major; E_local experts of this rank */
+  const void *w_gate;          /* [E_local, I, H] */
+  const void *w_up;            /* [E_local, I, H] */
+  const void *w_down;          /* [E_local, H, I] */
+  const void *ws_gate;         /* [I_s, H]; NULL when I_s = 0 */
+  const void *ws_up;           /* [I_s, H] */
+  const void *ws_down;         /* [H, I_s] */
+} mok_weights;
+
+typedef struct mok_forward_args {
+  int64_t tokens;              /* T, 1 <= T <= max_tokens */
+  const void *x;               /* [T, H] bf16 */
+  const int32_t *topk_ids;     /* [T, k] global expert ids */
+  const float *topk_weights;   /* [T, k] router weights */
+  mok_weights w;
+  void *y;                     /* [T, H] bf16, out (may be NULL for mok_recompute) */
+  void *saved;                 /* mok_saved_bytes(ws, T) bytes, out */
+} mok_forward_args;
+
+typedef struct mok_grads {     /* same shapes as mok_weights; bf16 or fp32 per mok_grad_mode */
+  void *dw_gate, *dw_up, *dw_down;
+  void *dws_gate, *dws_up, *dws_down; /* NULL when I_s = 0 */
+} mok_grads;
+
+typedef struct mok_backward_args {
+  int64_t tokens;              /* T, as in the forward that filled `saved` */
+  const void *x;               /* [T, H] bf16, the forward's input */
+  const int32_t *topk_ids;     /* [T, k], the forward's */
+  const float *topk_weights;   /* [T, k], the forward's */
+  mok_weights w;
+  const void *saved;           /* filled by mok_forward or mok_recompute with these inputs */
+  const void *dy;              /* [T, H] bf16 */
+  void *dx;                    /* [T, H] bf16, out */
+  float *d_topk_weights;       /* [T, k] fp32, out */
+  mok_grads g;                 /* out */
+  mok_grad_mode grad_mode;
+} mok_backward_args;
+
+/* Builds the schedule (canonical per-expert row lists, padded offsets) into a->saved only. */
+mok_status mok_schedule(mok_workspace *ws, const mok_forward_args *a, void *stream);
+/* y = shared(x) + sum_j topk_weights[:, j] * expert_{topk_ids[:, j]}(x); fills a->saved. */
+mok_status mok_forward(mok_workspace *ws, const mok_forward_args *a, void *stream);
+/* Fills a->saved as mok_forward would, without computing y (activation checkpointing). */
+mok_status mok_recompute(mok_workspace *ws, const mok_forward_args *a, void *stream);
+/* dx, d_topk_weights and the six weight gradients. */
+mok_status mok_backward(mok_workspace *ws, const mok_backward_args *a, void *stream);
+
+/* Waits for `stream`, then reports (and clears) any device-side error raised since the last check:
+ * MOK_ERR_EXPERT_ID, MOK_ERR_CAPACITY or MOK_ERR_TIMEOUT. A call that raised one left its outputs
+ * untouched. Synchronises: for tests and debugging, not the training loop. */
+mok_status mok_check(mok_workspace *ws, void *stream);
+
+/* Copies the per-expert routed row counts of the schedule in `saved` to counts[E_local] on the
+ * host. Synchronises. */
+mok_status mok_schedule_counts(mok_workspace *ws, const void *saved, int64_t tokens,
+                               int32_t *counts, void *stream);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* MOK_H */

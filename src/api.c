@@ -1,0 +1,251 @@
+/*
+ * api.c: the public entry points. Every host-checkable mistake is caught here, before a backend
+ * queues any work, with a message saying what was wrong and what was expected.
+ */
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "internal.h"
+
+#define CHECK_ARG(cond, ...)                                   \
+  do {                                                         \
+    if (!(cond)) return mok_fail(MOK_ERR_INVALID_ARG, __VA_ARGS__); \
+  } while (0)
+
+/* Every tensor must be 16-byte aligned (TMA needs it; the CPU backend keeps the same rule). */
+#define CHECK_ALIGNED(p, name)                                                             \
+  do {                                                                                     \
+    if (((uintptr_t)(p)) % 16 != 0)                                                        \
+      return mok_fail(MOK_ERR_ALIGNMENT, "%s (%p) is not 16-byte aligned", name, (p));     \
+  } while (0)
+
+#define CHECK_TENSOR(p, name)                                      \
+  do {                                                             \
+    CHECK_ARG((p) != NULL, "%s is NULL; expected a tensor", name); \
+    CHECK_ALIGNED(p, name);                                        \
+  } while (0)
+
+static const mok_backend_ops *backend_ops(mok_backend b) {
+  switch (b) {
+    case MOK_BACKEND_CPU: return &mok_cpu_ops;
+    case MOK_BACKEND_CUDA: return &mok_cuda_ops;
+  }
+  return NULL;
+}
+
+mok_status mok_context_create(const mok_context_config *cfg, mok_context **out) {
+  CHECK_ARG(out != NULL, "out is NULL; expected a place for the context");
+  *out = NULL;
+  CHECK_ARG(cfg != NULL, "cfg is NULL; start from MOK_CONTEXT_CONFIG_INIT");
+  const mok_backend_ops *ops = backend_ops(cfg->backend);
+  CHECK_ARG(ops != NULL, "backend %d is not MOK_BACKEND_CPU (0) or MOK_BACKEND_CUDA (1)",
+            (int)cfg->backend);
+  CHECK_ARG(cfg->ep_size >= 1, "ep_size is %d; expected >= 1", cfg->ep_size);
+  CHECK_ARG(cfg->ep_rank >= 0 && cfg->ep_rank < cfg->ep_size,
+            "ep_rank is %d; expected 0 <= ep_rank < ep_size (%d)", cfg->ep_rank, cfg->ep_size);
+  CHECK_ARG(cfg->threads >= 0, "threads is %d; expected >= 0 (0 = all cores)", cfg->threads);
+  if (cfg->ep_size != 1)
+    return mok_fail(MOK_ERR_UNSUPPORTED, "ep_size %d: expert parallelism is not built yet; use 1",
+                    cfg->ep_size);
+  mok_context *ctx = calloc(1, sizeof *ctx);
+  if (!ctx) return mok_fail(MOK_ERR_OUT_OF_MEMORY, "no host memory for a context");
+  ctx->cfg = *cfg;
+  ctx->ops = ops;
+  mok_status st = ops->context_init(ctx);
+  if (st != MOK_OK) {
+    free(ctx);
+    return st;
+  }
+  mok_clear_error();
+  *out = ctx;
+  return MOK_OK;
+}
+
+void mok_context_destroy(mok_context *ctx) { free(ctx); }
+
+static mok_status check_shape(const mok_context *ctx, const mok_shape *s) {
+  const int64_t big = (int64_t)1 << 20;
+  CHECK_ARG(s->max_tokens >= 1 && s->max_tokens <= big, "max_tokens is %lld; expected 1..%lld",
+            (long long)s->max_tokens, (long long)big);
+  CHECK_ARG(s->hidden >= 1 && s->hidden <= big, "hidden (H) is %lld; expected 1..%lld",
+            (long long)s->hidden, (long long)big);
+  CHECK_ARG(s->inter >= 1 && s->inter <= big, "inter (I) is %lld; expected 1..%lld",
+            (long long)s->inter, (long long)big);
+  CHECK_ARG(s->shared_inter >= 0 && s->shared_inter <= big,
+            "shared_inter (I_s) is %lld; expected 0..%lld", (long long)s->shared_inter,
+            (long long)big);
+  CHECK_ARG(s->experts >= 1 && s->experts <= 4096, "experts (E) is %d; expected 1..4096",
+            s->experts);
+  CHECK_ARG(s->top_k >= 1 && s->top_k <= s->experts, "top_k is %d; expected 1..E (%d)", s->top_k,
+            s->experts);
+  CHECK_ARG(s->experts % ctx->cfg.ep_size == 0, "experts (%d) is not a multiple of ep_size (%d)",
+            s->experts, ctx->cfg.ep_size);
+  CHECK_ARG(s->max_tokens * s->top_k * ctx->cfg.ep_size <= ((int64_t)1 << 26),
+            "max_tokens * top_k * ep_size is %lld; expected at most 2^26",
+            (long long)(s->max_tokens * s->top_k * ctx->cfg.ep_size));
+  if (s->precision != MOK_BF16)
+    return mok_fail(MOK_ERR_UNSUPPORTED, "precision %d: only MOK_BF16 is supported",
+                    (int)s->precision);
+  return MOK_OK;
+}
+
+mok_status mok_workspace_create(mok_context *ctx, const mok_shape *shape, mok_workspace **out) {
+  CHECK_ARG(out != NULL, "out is NULL; expected a place for the workspace");
+  *out = NULL;
+  CHECK_ARG(ctx != NULL, "ctx is NULL; create one with mok_context_create");
+  CHECK_ARG(shape != NULL, "shape is NULL; start from MOK_SHAPE_INIT");
+  mok_status st = check_shape(ctx, shape);
+  if (st != MOK_OK) return st;
+  mok_workspace *ws = calloc(1, sizeof *ws);
+  if (!ws) return mok_fail(MOK_ERR_OUT_OF_MEMORY, "no host memory for a workspace");
+  ws->ctx = ctx;
+  ws->shape = *shape;
+  ws->experts_local = shape->experts / ctx->cfg.ep_size;
+  ws->expert_base = ws->experts_local * ctx->cfg.ep_rank;
+  st = ctx->ops->workspace_init(ws);
+  if (st != MOK_OK) {
+    free(ws);
+    return st;
+  }
+  mok_clear_error();
+  *out = ws;
+  return MOK_OK;
+}
+
+void mok_workspace_destroy(mok_workspace *ws) {
+  if (!ws) return;
+  ws->ctx->ops->workspace_fini(ws);
+  free(ws);
+}
+
+size_t mok_workspace_bytes(const mok_workspace *ws) { return ws ? ws->bytes : 0; }
+
+size_t mok_saved_bytes(const mok_workspace *ws, int64_t tokens) {
+  if (!ws || tokens < 1 || tokens > ws->shape.max_tokens) return 0;
+  return mok_saved_layout_of(ws, tokens).bytes;
+}
+
+static mok_status check_tokens(const mok_workspace *ws, int64_t tokens) {
+  CHECK_ARG(tokens >= 1 && tokens <= ws->shape.max_tokens,
+            "tokens is %lld; expected 1..max_tokens (%lld)", (long long)tokens,
+            (long long)ws->shape.max_tokens);
+  return MOK_OK;
+}
+
+static mok_status check_saved(const void *saved) {
+  CHECK_ARG(saved != NULL, "saved is NULL; expected mok_saved_bytes(ws, tokens) bytes");
+  if (((uintptr_t)saved) % MOK_ALIGN != 0)
+    return mok_fail(MOK_ERR_ALIGNMENT, "saved (%p) is not %d-byte aligned", saved, MOK_ALIGN);
+  return MOK_OK;
+}
+
+/* The shared-expert tensors must be given exactly when the workspace has a shared expert. */
+static mok_status check_shared(const mok_workspace *ws, const void *p, const char *name) {
+  if (ws->shape.shared_inter > 0) {
+    CHECK_TENSOR(p, name);
+  } else {
+    CHECK_ARG(p == NULL, "%s is given but the workspace has no shared expert (I_s = 0)", name);
+  }
+  return MOK_OK;
+}
+
+#define TRY(expr)                     \
+  do {                                \
+    mok_status st_ = (expr);          \
+    if (st_ != MOK_OK) return st_;    \
+  } while (0)
+
+static mok_status check_weights(const mok_workspace *ws, const mok_weights *w) {
+  CHECK_TENSOR(w->w_gate, "w.w_gate");
+  CHECK_TENSOR(w->w_up, "w.w_up");
+  CHECK_TENSOR(w->w_down, "w.w_down");
+  TRY(check_shared(ws, w->ws_gate, "w.ws_gate"));
+  TRY(check_shared(ws, w->ws_up, "w.ws_up"));
+  TRY(check_shared(ws, w->ws_down, "w.ws_down"));
+  return MOK_OK;
+}
+
+static mok_status check_forward(const mok_workspace *ws, const mok_forward_args *a, int need_y) {
+  CHECK_ARG(ws != NULL, "ws is NULL; create one with mok_workspace_create");
+  CHECK_ARG(a != NULL, "args is NULL");
+  TRY(check_tokens(ws, a->tokens));
+  CHECK_TENSOR(a->x, "x");
+  CHECK_TENSOR(a->topk_ids, "topk_ids");
+  CHECK_TENSOR(a->topk_weights, "topk_weights");
+  TRY(check_weights(ws, &a->w));
+  if (need_y) CHECK_TENSOR(a->y, "y");
+  return check_saved(a->saved);
+}
+
+mok_status mok_schedule(mok_workspace *ws, const mok_forward_args *a, void *stream) {
+  CHECK_ARG(ws != NULL, "ws is NULL; create one with mok_workspace_create");
+  CHECK_ARG(a != NULL, "args is NULL");
+  TRY(check_tokens(ws, a->tokens));
+  CHECK_TENSOR(a->topk_ids, "topk_ids");
+  CHECK_TENSOR(a->topk_weights, "topk_weights");
+  TRY(check_saved(a->saved));
+  return ws->ctx->ops->schedule(ws, a, stream);
+}
+
+mok_status mok_forward(mok_workspace *ws, const mok_forward_args *a, void *stream) {
+  TRY(check_forward(ws, a, 1));
+  return ws->ctx->ops->forward(ws, a, 1, stream);
+}
+
+mok_status mok_recompute(mok_workspace *ws, const mok_forward_args *a, void *stream) {
+  TRY(check_forward(ws, a, 0));
+  return ws->ctx->ops->forward(ws, a, 0, stream);
+}
+
+mok_status mok_backward(mok_workspace *ws, const mok_backward_args *a, void *stream) {
+  CHECK_ARG(ws != NULL, "ws is NULL; create one with mok_workspace_create");
+  CHECK_ARG(a != NULL, "args is NULL");
+  TRY(check_tokens(ws, a->tokens));
+  CHECK_TENSOR(a->x, "x");
+  CHECK_TENSOR(a->topk_ids, "topk_ids");
+  CHECK_TENSOR(a->topk_weights, "topk_weights");
+  TRY(check_weights(ws, &a->w));
+  TRY(check_saved(a->saved));
+  CHECK_TENSOR(a->dy, "dy");
+  CHECK_TENSOR(a->dx, "dx");
+  CHECK_TENSOR(a->d_topk_weights, "d_topk_weights");
+  CHECK_TENSOR(a->g.dw_gate, "g.dw_gate");
+  CHECK_TENSOR(a->g.dw_up, "g.dw_up");
+  CHECK_TENSOR(a->g.dw_down, "g.dw_down");
+  TRY(check_shared(ws, a->g.dws_gate, "g.dws_gate"));
+  TRY(check_shared(ws, a->g.dws_up, "g.dws_up"));
+  TRY(check_shared(ws, a->g.dws_down, "g.dws_down"));
+  CHECK_ARG(a->grad_mode == MOK_GRAD_WRITE_BF16 || a->grad_mode == MOK_GRAD_ACCUMULATE_F32,
+            "grad_mode is %d; expected MOK_GRAD_WRITE_BF16 or MOK_GRAD_ACCUMULATE_F32",
+            (int)a->grad_mode);
+  return ws->ctx->ops->backward(ws, a, stream);
+}
+
+mok_status mok_check(mok_workspace *ws, void *stream) {
+  CHECK_ARG(ws != NULL, "ws is NULL; create one with mok_workspace_create");
+  int32_t bits = 0;
+  TRY(ws->ctx->ops->check(ws, stream, &bits));
+  if (bits & MOK_DEVERR_EXPERT_ID)
+    return mok_fail(MOK_ERR_EXPERT_ID,
+                    "a call saw an expert id outside 0..E-1 (E = %d) in topk_ids; its outputs "
+                    "were left untouched",
+                    ws->shape.experts);
+  if (bits & MOK_DEVERR_CAPACITY)
+    return mok_fail(MOK_ERR_CAPACITY,
+                    "a call routed more rows than the workspace holds; its outputs were left "
+                    "untouched");
+  if (bits & MOK_DEVERR_TIMEOUT)
+    return mok_fail(MOK_ERR_TIMEOUT, "a peer rank did not arrive in time");
+  return MOK_OK;
+}
+
+mok_status mok_schedule_counts(mok_workspace *ws, const void *saved, int64_t tokens,
+                               int32_t *counts, void *stream) {
+  CHECK_ARG(ws != NULL, "ws is NULL; create one with mok_workspace_create");
+  TRY(check_tokens(ws, tokens));
+  TRY(check_saved(saved));
+  CHECK_ARG(counts != NULL, "counts is NULL; expected int32[E_local]");
+  mok_saved_layout L = mok_saved_layout_of(ws, tokens);
+  return ws->ctx->ops->copy_to_host(ws, counts, (const char *)saved + L.counts,
+                                    (size_t)ws->experts_local * sizeof(int32_t), stream);
+}

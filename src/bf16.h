@@ -1,0 +1,29 @@
+/*
+ * bf16.h: inline bf16 <-> fp32 conversion for host code (the CPU backend and the generator).
+ * Round-to-nearest-even, NaN kept (made quiet), Inf kept; the GPU's __float2bfloat16_rn agrees.
+ */
+#ifndef MOK_BF16_H
+#define MOK_BF16_H
+
+#include <stdint.h>
+#include <string.h>
+
+static inline float bf16_to_f32(uint16_t b) {
+  uint32_t u = (uint32_t)b << 16;
+  float f;
+  memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+static inline uint16_t f32_to_bf16(float f) {
+  uint32_t u;
+  memcpy(&u, &f, sizeof u);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u); /* NaN */
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return (uint16_t)(u >> 16);
+}
+
+/* The value f takes once stored as bf16. */
+static inline float round_bf16(float f) { return bf16_to_f32(f32_to_bf16(f)); }
+
+#endif /* MOK_BF16_H */

@@ -1,0 +1,95 @@
+/*
+ * internal.h: what the API layer and the backends share: the context and workspace structs, the
+ * layout of the per-call `saved` buffer (computed here once, carved everywhere from it), the
+ * backend function table, and the per-thread last-error helpers.
+ */
+#ifndef MOK_INTERNAL_H
+#define MOK_INTERNAL_H
+
+#include "mok.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- errors (status.c) ---------------------------------------------------------------------- */
+/* Records a message for mok_last_error() on this thread and returns `s`. */
+mok_status mok_fail(mok_status s, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+void mok_clear_error(void);
+
+/* ---- sizes ---------------------------------------------------------------------------------- */
+static inline int64_t mok_round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
+static inline int64_t mok_min64(int64_t a, int64_t b) { return a < b ? a : b; }
+#define MOK_ALIGN 256 /* every buffer carved from saved/workspace starts on this boundary */
+
+/* Device-side error codes stored in error words (int32). Zero means fine. */
+enum { MOK_DEVERR_NONE = 0, MOK_DEVERR_EXPERT_ID = 1, MOK_DEVERR_CAPACITY = 2,
+       MOK_DEVERR_TIMEOUT = 4 };
+
+/* The per-call `saved` buffer: schedule, then the activations backward reads.
+ * Every offset is in bytes from the start of `saved` and a multiple of MOK_ALIGN. */
+typedef struct mok_saved_layout {
+  int64_t tokens;        /* T */
+  int64_t rows_cap;      /* most routed rows incl. padding: multiple of MOK_TILE_M */
+  size_t status;         /* int32[4]: [0] device error bits of this call */
+  size_t counts;         /* int32[E_local] routed rows per local expert */
+  size_t offsets;        /* int32[E_local + 1] padded first row per expert; [E_local] = total */
+  size_t row_src;        /* int32[rows_cap] slot (t*k + j) of each routed row; -1 on padding */
+  size_t row_weight;     /* float[rows_cap] topk weight of each routed row; 0 on padding */
+  size_t mblock_expert;  /* int32[rows_cap / MOK_TILE_M] local expert of each 128-row block */
+  size_t gu;             /* bf16[rows_cap, 2I]: [bf16(gate) | bf16(up)] pre-activations */
+  size_t hw;             /* bf16[rows_cap, I]: bf16(w * silu(gate) * up) */
+  size_t gus;            /* bf16[T, 2I_s]: shared expert pre-activations */
+  size_t hs;             /* bf16[T, I_s]: shared expert silu(gate) * up */
+  size_t bytes;          /* total */
+} mok_saved_layout;
+
+struct mok_backend_ops;
+
+struct mok_context {
+  mok_context_config cfg;
+  const struct mok_backend_ops *ops;
+  int sm_count;  /* CUDA: multiprocessors of cfg.device */
+};
+
+struct mok_workspace {
+  mok_context *ctx;
+  mok_shape shape;
+  int64_t experts_local; /* E / ep */
+  int64_t expert_base;   /* first global expert id of this rank */
+  size_t bytes;          /* memory held by the backend for this workspace */
+  void *backend;         /* backend-owned state */
+};
+
+/* The one place that lays out `saved` for a call of `tokens` tokens. */
+mok_saved_layout mok_saved_layout_of(const mok_workspace *ws, int64_t tokens);
+
+/* Backend function table. Arguments have been checked by api.c when these are called. */
+typedef struct mok_backend_ops {
+  const char *name;
+  mok_status (*context_init)(mok_context *ctx);
+  mok_status (*workspace_init)(mok_workspace *ws);
+  void (*workspace_fini)(mok_workspace *ws);
+  mok_status (*schedule)(mok_workspace *ws, const mok_forward_args *a, void *stream);
+  /* compute_y = 0: recompute (schedule + gate/up into saved only). */
+  mok_status (*forward)(mok_workspace *ws, const mok_forward_args *a, int compute_y,
+                        void *stream);
+  mok_status (*backward)(mok_workspace *ws, const mok_backward_args *a, void *stream);
+  /* Waits for the stream; returns the sticky device error bits and clears them. */
+  mok_status (*check)(mok_workspace *ws, void *stream, int32_t *bits);
+  /* Copies `bytes` from backend memory at `src` to host `dst`, after the stream's work. */
+  mok_status (*copy_to_host)(mok_workspace *ws, void *dst, const void *src, size_t bytes,
+                             void *stream);
+} mok_backend_ops;
+
+extern const mok_backend_ops mok_cpu_ops;
+extern const mok_backend_ops mok_cuda_ops;
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* MOK_INTERNAL_H */

@@ -1,0 +1,39 @@
+/*
+ * layout.c: the layout of the per-call `saved` buffer. Sizes and offsets are computed here and
+ * nowhere else; backends carve their pointers from the returned struct.
+ */
+#include "internal.h"
+
+static size_t take(size_t *cursor, int64_t bytes) {
+  size_t at = *cursor;
+  *cursor += (size_t)mok_round_up(bytes, MOK_ALIGN);
+  return at;
+}
+
+/* Routed rows on this rank, padding included: every non-empty expert pads its segment by at most
+ * MOK_TILE_M - 1 rows, and at most min(E_local, rows) experts are non-empty. */
+static int64_t rows_capacity(const mok_workspace *ws, int64_t tokens) {
+  int64_t rows = tokens * ws->shape.top_k * ws->ctx->cfg.ep_size;
+  int64_t pads = mok_min64(ws->experts_local, rows) * (MOK_TILE_M - 1);
+  return mok_round_up(rows + pads, MOK_TILE_M);
+}
+
+mok_saved_layout mok_saved_layout_of(const mok_workspace *ws, int64_t tokens) {
+  const mok_shape *s = &ws->shape;
+  mok_saved_layout L;
+  size_t c = 0;
+  L.tokens = tokens;
+  L.rows_cap = rows_capacity(ws, tokens);
+  L.status = take(&c, 4 * sizeof(int32_t));
+  L.counts = take(&c, ws->experts_local * (int64_t)sizeof(int32_t));
+  L.offsets = take(&c, (ws->experts_local + 1) * (int64_t)sizeof(int32_t));
+  L.row_src = take(&c, L.rows_cap * (int64_t)sizeof(int32_t));
+  L.row_weight = take(&c, L.rows_cap * (int64_t)sizeof(float));
+  L.mblock_expert = take(&c, L.rows_cap / MOK_TILE_M * (int64_t)sizeof(int32_t));
+  L.gu = take(&c, L.rows_cap * 2 * s->inter * 2);
+  L.hw = take(&c, L.rows_cap * s->inter * 2);
+  L.gus = take(&c, tokens * 2 * s->shared_inter * 2);
+  L.hs = take(&c, tokens * s->shared_inter * 2);
+  L.bytes = c;
+  return L;
+}

@@ -1,0 +1,46 @@
+/*
+ * status.c: status names and messages (generated from MOK_STATUS_LIST) and the per-thread last
+ * error. Each thread has its own message, so concurrent callers never overwrite each other's.
+ */
+#include <stdarg.h>
+#include <stdio.h>
+
+#include "internal.h"
+
+static _Thread_local char last_error[1024];
+
+int mok_version(void) { return MOK_VERSION; }
+
+const char *mok_status_name(mok_status s) {
+  switch (s) {
+#define MOK_STATUS_NAME_(name, value, msg) \
+  case name:                               \
+    return #name;
+    MOK_STATUS_LIST(MOK_STATUS_NAME_)
+#undef MOK_STATUS_NAME_
+  }
+  return "MOK_ERR_UNKNOWN";
+}
+
+const char *mok_status_string(mok_status s) {
+  switch (s) {
+#define MOK_STATUS_STRING_(name, value, msg) \
+  case name:                                 \
+    return msg;
+    MOK_STATUS_LIST(MOK_STATUS_STRING_)
+#undef MOK_STATUS_STRING_
+  }
+  return "unknown status code";
+}
+
+const char *mok_last_error(void) { return last_error; }
+
+void mok_clear_error(void) { last_error[0] = '\0'; }
+
+mok_status mok_fail(mok_status s, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(last_error, sizeof last_error, fmt, ap);
+  va_end(ap);
+  return s;
+}
