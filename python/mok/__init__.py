@@ -1,0 +1,30 @@
+"""mok: Python binding of libmok, one deterministic Mixture-of-Experts layer (DESIGN.md §1).
+
+Without torch (numpy arrays, CPU backend):
+    y, saved = mok.forward(x, topk_ids, topk_weights, w_gate, w_up, w_down)
+    grads = mok.backward(dy, x, topk_ids, topk_weights, w_gate, w_up, w_down, saved=saved)
+With torch (CPU tensors -> CPU backend, CUDA tensors -> CUDA backend), with autograd:
+    y = mok.moe(x, topk_ids, topk_weights, w_gate, w_up, w_down)
+    layer = mok.MoELayer(hidden, inter, experts, top_k)
+`mok.moe`, `mok.MoELayer` and `mok.check` import torch on first use (torch_ops.py).
+The library is loaded from $MOK_LIB, else from <repo>/build/libmok.so (`make` builds it).
+"""
+from ._lib import (MokAlignmentError, MokCapacityError, MokCudaError, MokError, MokExpertIdError,
+                   MokInternalError, MokInvalidArgument, MokNcclError, MokOutOfMemory, MokTimeout,
+                   MokUnsupported, library_path)
+from ._lib import lib as _clib
+from .bf16 import bf16_to_f32, f32_to_bf16, round_bf16
+from .core import Context, Dims, Workspace, clear_cache, cuda_device_count
+from .numpy_api import Grads, Layer, aligned_empty, backward, forward
+
+__version__ = "%d.%d.%d" % (_clib.mok_version() // 10000, _clib.mok_version() // 100 % 100,
+                            _clib.mok_version() % 100)
+
+_TORCH_NAMES = ("moe", "MoELayer", "check", "set_debug", "torch_ops")
+
+
+def __getattr__(name):
+    if name in _TORCH_NAMES:
+        from . import torch_ops  # raises ImportError when torch is not installed
+        return torch_ops if name == "torch_ops" else getattr(torch_ops, name)
+    raise AttributeError(f"module 'mok' has no attribute {name!r}")

@@ -1,0 +1,201 @@
+"""core.py: contexts and workspaces as Python objects, the workspace cache, and the calls of the
+layer on raw pointers. numpy_api.py and torch_ops.py sit on top; neither talks to ctypes directly.
+
+A workspace is cached per (layer dims, backend, device). A call with more tokens than the cached
+workspace holds replaces it with one for the next power of two (the `saved` buffers of earlier
+calls stay valid: they hold everything backward reads). Calls on one workspace must be ordered:
+the CPU backend takes a lock per workspace; CUDA calls must come on one stream (or be ordered by
+the caller), as mok's scratch is shared between the calls of a workspace.
+"""
+import ctypes
+import os
+import threading
+from collections import namedtuple
+
+from . import _lib
+from ._lib import check, lib
+
+# The sizes of the layer that a workspace is made for; T (tokens) varies per call up to max_tokens.
+Dims = namedtuple("Dims", "hidden inter shared_inter experts top_k")
+
+BACKENDS = {"cpu": _lib.BACKEND_CPU, "cuda": _lib.BACKEND_CUDA}
+GRAD_MODES = {"bf16": _lib.GRAD_WRITE_BF16, "f32": _lib.GRAD_ACCUMULATE_F32}
+MAX_TOKENS = 1 << 20          # api.c check_shape: max_tokens <= 2^20
+MAX_ROWS = 1 << 26            # api.c check_shape: max_tokens * top_k * ep_size <= 2^26
+
+
+def cuda_device_count():
+    return lib.mok_cuda_device_count()
+
+
+def _cpu_threads():
+    return int(os.environ.get("MOK_CPU_THREADS", "0"))
+
+
+class Context:
+    """One mok_context: a backend on a device (ep_size = 1)."""
+
+    def __init__(self, backend="cpu", device=0, threads=None):
+        if backend not in BACKENDS:
+            raise ValueError(f"backend is {backend!r}; expected 'cpu' or 'cuda'")
+        self.backend, self.device = backend, int(device)
+        self.threads = _cpu_threads() if threads is None else int(threads)
+        cfg = _lib.ContextConfig(BACKENDS[backend], self.device, 0, 1, self.threads)
+        ptr = ctypes.c_void_p()
+        check(lib.mok_context_create(ctypes.byref(cfg), ctypes.byref(ptr)), "mok_context_create")
+        self.ptr, self._destroy = ptr.value, lib.mok_context_destroy
+
+    def close(self):
+        if getattr(self, "ptr", None):
+            self._destroy(self.ptr)
+            self.ptr = None
+
+    __del__ = close
+
+
+def _ptr(p):
+    return ctypes.c_void_p(p or None)
+
+
+class Workspace:
+    """One mok_workspace for `dims` and up to `max_tokens` tokens per call."""
+
+    def __init__(self, ctx, dims, max_tokens):
+        self.ctx, self.dims, self.max_tokens = ctx, Dims(*dims), int(max_tokens)
+        d = self.dims
+        shape = _lib.Shape(self.max_tokens, d.hidden, d.inter, d.shared_inter, d.experts,
+                           d.top_k, _lib.BF16)
+        ptr = ctypes.c_void_p()
+        check(lib.mok_workspace_create(ctx.ptr, ctypes.byref(shape), ctypes.byref(ptr)),
+              "mok_workspace_create")
+        self.ptr, self._destroy = ptr.value, lib.mok_workspace_destroy
+        self.bytes = lib.mok_workspace_bytes(self.ptr)
+        self.lock = threading.Lock() if ctx.backend == "cpu" else _NoLock()
+
+    @property
+    def backend(self):
+        return self.ctx.backend
+
+    def close(self):
+        if getattr(self, "ptr", None):
+            self._destroy(self.ptr)  # kept from __init__: module globals may be gone at exit
+            self.ptr = None
+
+    __del__ = close
+
+    def saved_bytes(self, tokens):
+        n = lib.mok_saved_bytes(self.ptr, int(tokens))
+        if n == 0:
+            raise ValueError(f"tokens is {tokens}; expected 1..max_tokens ({self.max_tokens})")
+        return n
+
+    # Each call takes integer addresses (0 = NULL) and the stream as an integer (0 = default).
+    @staticmethod
+    def _weights(w):
+        return _lib.Weights(*(_ptr(p) for p in w))
+
+    def _fwd_args(self, tokens, x, ids, tw, w, y, saved):
+        return _lib.ForwardArgs(int(tokens), _ptr(x), _ptr(ids), _ptr(tw), self._weights(w),
+                                _ptr(y), _ptr(saved))
+
+    def forward(self, tokens, x, ids, tw, w, y, saved, stream=0):
+        a = self._fwd_args(tokens, x, ids, tw, w, y, saved)
+        with self.lock:
+            check(lib.mok_forward(self.ptr, ctypes.byref(a), _ptr(stream)), "mok_forward")
+
+    def recompute(self, tokens, x, ids, tw, w, saved, stream=0):
+        a = self._fwd_args(tokens, x, ids, tw, w, 0, saved)
+        with self.lock:
+            check(lib.mok_recompute(self.ptr, ctypes.byref(a), _ptr(stream)), "mok_recompute")
+
+    def schedule(self, tokens, ids, tw, saved, stream=0):
+        a = self._fwd_args(tokens, 0, ids, tw, (0,) * 6, 0, saved)
+        with self.lock:
+            check(lib.mok_schedule(self.ptr, ctypes.byref(a), _ptr(stream)), "mok_schedule")
+
+    def backward(self, tokens, x, ids, tw, w, saved, dy, dx, dtw, g, grad_mode="bf16", stream=0):
+        if grad_mode not in GRAD_MODES:
+            raise ValueError(f"grad_mode is {grad_mode!r}; expected 'bf16' or 'f32'")
+        a = _lib.BackwardArgs(int(tokens), _ptr(x), _ptr(ids), _ptr(tw), self._weights(w),
+                              _ptr(saved), _ptr(dy), _ptr(dx), _ptr(dtw),
+                              _lib.Grads(*(_ptr(p) for p in g)), GRAD_MODES[grad_mode])
+        with self.lock:
+            check(lib.mok_backward(self.ptr, ctypes.byref(a), _ptr(stream)), "mok_backward")
+
+    def check(self, stream=0):
+        """Waits for `stream` and raises any device-side error (bad expert id, capacity)."""
+        with self.lock:
+            check(lib.mok_check(self.ptr, _ptr(stream)), "mok_check")
+
+    def schedule_counts(self, saved, tokens, stream=0):
+        counts = (ctypes.c_int32 * self.dims.experts)()
+        with self.lock:
+            check(lib.mok_schedule_counts(self.ptr, _ptr(saved), int(tokens), counts,
+                                          _ptr(stream)), "mok_schedule_counts")
+        return list(counts)
+
+
+class _NoLock:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+# ---- caches -------------------------------------------------------------------------------------
+_cache_lock = threading.Lock()
+_contexts = {}    # (backend, device, threads) -> Context
+_workspaces = {}  # (dims, backend, device) -> Workspace
+
+
+def context(backend="cpu", device=0):
+    key = (backend, int(device), _cpu_threads())
+    with _cache_lock:
+        ctx = _contexts.get(key)
+        if ctx is None:
+            ctx = _contexts[key] = Context(backend, device, key[2])
+        return ctx
+
+
+def _grown(tokens, top_k, at_least=0):
+    """max_tokens for a new workspace: the next power of two >= tokens, within mok's limits."""
+    want = max(int(tokens), int(at_least))
+    n = 1
+    while n < want:
+        n *= 2
+    limit = min(MAX_TOKENS, MAX_ROWS // max(1, top_k))
+    return max(want, min(n, limit))
+
+
+def workspace(dims, tokens, backend="cpu", device=0, max_tokens=None):
+    """The cached workspace for dims on (backend, device) that holds `tokens` tokens, created or
+    grown as needed (`max_tokens` asks for at least that many, e.g. before a CUDA graph capture)."""
+    dims = Dims(*dims)
+    key = (dims, backend, int(device))
+    need = max(int(tokens), int(max_tokens or 0))
+    with _cache_lock:
+        ws = _workspaces.get(key)
+        if ws is not None and ws.max_tokens >= need:
+            return ws
+    ctx = context(backend, device)
+    new = Workspace(ctx, dims, _grown(need, dims.top_k, ws.max_tokens if ws else 0))
+    with _cache_lock:
+        cur = _workspaces.get(key)
+        if cur is not None and cur.max_tokens >= new.max_tokens:
+            return cur  # another thread grew it meanwhile
+        _workspaces[key] = new
+        return new
+
+
+def cached_workspaces(backend=None, device=None):
+    with _cache_lock:
+        return [ws for (d, b, dev), ws in _workspaces.items()
+                if (backend is None or b == backend) and (device is None or dev == device)]
+
+
+def clear_cache():
+    """Drops every cached workspace and context (their memory is freed once unreferenced)."""
+    with _cache_lock:
+        _workspaces.clear()
+        _contexts.clear()

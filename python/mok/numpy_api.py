@@ -1,0 +1,187 @@
+"""numpy_api.py: the layer on numpy arrays with the CPU backend; needs no torch.
+
+bf16 tensors are uint16 arrays of bf16 bits (see bf16.py), router weights float32, expert ids
+int32 (int64 is converted). Arrays must be C-contiguous; mok also needs them 16-byte aligned
+(numpy's allocations are) and reports a misaligned view as MokAlignmentError.
+
+    y, saved = mok.forward(x, ids, w, w_gate, w_up, w_down)          # cached workspace
+    g = mok.backward(dy, x, ids, w, w_gate, w_up, w_down, saved=saved)
+    g.dx, g.d_topk_weights, g.dw_gate, ...
+
+`Layer` holds one explicit workspace instead of the cache (fixed max_tokens).
+"""
+from collections import namedtuple
+
+import numpy as np
+
+from . import core
+from ._lib import SAVED_ALIGN
+from .validate import WEIGHTS, layer_dims
+
+Grads = namedtuple("Grads", "dx d_topk_weights " + " ".join("d" + n for n in WEIGHTS))
+
+_DTYPES = {"x": np.uint16, "dy": np.uint16, "topk_ids": np.int32, "topk_weights": np.float32,
+           **{n: np.uint16 for n in WEIGHTS}}
+
+
+def aligned_empty(nbytes, align=SAVED_ALIGN):
+    """A uint8 array of nbytes whose data starts on an `align`-byte boundary."""
+    raw = np.empty(nbytes + align, dtype=np.uint8)
+    off = (-raw.ctypes.data) % align
+    return raw[off:off + nbytes]
+
+
+def _array(where, name, a):
+    if a is None:
+        return None
+    if not isinstance(a, np.ndarray):
+        raise TypeError(f"{where}: {name} is a {type(a).__name__}; expected a numpy array")
+    want = _DTYPES[name]
+    if name == "topk_ids" and a.dtype == np.int64:
+        a = a.astype(np.int32)
+    if a.dtype != want:
+        hint = " of bf16 bits (mok.f32_to_bf16)" if want == np.uint16 else ""
+        raise TypeError(f"{where}: {name} has dtype {a.dtype}; expected {np.dtype(want)}{hint}")
+    if not a.flags.c_contiguous:
+        raise ValueError(f"{where}: {name} is not C-contiguous; pass np.ascontiguousarray({name})")
+    return a
+
+
+def _inputs(where, x, topk_ids, topk_weights, weights, dy=None, check_ids=True):
+    arrs = {n: _array(where, n, a) for n, a in
+            [("x", x), ("topk_ids", topk_ids), ("topk_weights", topk_weights),
+             *zip(WEIGHTS, weights), ("dy", dy)]}
+    shapes = {n: (None if a is None else a.shape) for n, a in arrs.items()}
+    t, dims = layer_dims(where, **shapes)
+    ids = arrs["topk_ids"]
+    if check_ids and ids.size and (ids.min() < 0 or ids.max() >= dims.experts):
+        raise ValueError(f"{where}: topk_ids has values in {ids.min()}..{ids.max()}; expected "
+                         f"0..E-1 (E = {dims.experts})")
+    return t, dims, arrs
+
+
+def _addr(a):
+    return 0 if a is None else a.ctypes.data
+
+
+def _wptrs(arrs):
+    return [_addr(arrs[n]) for n in WEIGHTS]
+
+
+class Layer:
+    """An explicit CPU workspace for one layer shape, up to max_tokens tokens per call."""
+
+    def __init__(self, hidden, inter, experts, top_k, shared_inter=0, max_tokens=4096,
+                 threads=None):
+        ctx = core.Context("cpu", 0, threads)
+        self.ws = core.Workspace(ctx, core.Dims(hidden, inter, shared_inter, experts, top_k),
+                                 max_tokens)
+
+    def _dims_match(self, where, dims):
+        if dims != self.ws.dims:
+            raise ValueError(f"{where}: the arrays give {dims}; this Layer was made for "
+                             f"{self.ws.dims}")
+
+    def forward(self, x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate=None, ws_up=None,
+                ws_down=None, check_ids=True):
+        """Returns (y, saved): y [T, H] bf16 bits, saved the buffer backward reads."""
+        return _forward(self.ws, "Layer.forward", x, topk_ids, topk_weights,
+                        (w_gate, w_up, w_down, ws_gate, ws_up, ws_down), check_ids, self)
+
+    def recompute(self, x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate=None,
+                  ws_up=None, ws_down=None):
+        """Fills a new `saved` as forward would, without y (activation checkpointing)."""
+        where = "Layer.recompute"
+        t, dims, a = _inputs(where, x, topk_ids, topk_weights,
+                             (w_gate, w_up, w_down, ws_gate, ws_up, ws_down))
+        self._dims_match(where, dims)
+        saved = aligned_empty(self.ws.saved_bytes(t))
+        self.ws.recompute(t, _addr(a["x"]), _addr(a["topk_ids"]), _addr(a["topk_weights"]),
+                          _wptrs(a), saved.ctypes.data)
+        return saved
+
+    def backward(self, dy, x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate=None,
+                 ws_up=None, ws_down=None, *, saved, grad_mode="bf16", main_grads=None):
+        return _backward(self.ws, "Layer.backward", dy, x, topk_ids, topk_weights,
+                         (w_gate, w_up, w_down, ws_gate, ws_up, ws_down), saved, grad_mode,
+                         main_grads, self)
+
+    def schedule_counts(self, saved, tokens):
+        """Routed rows per expert, from the schedule in `saved`."""
+        return np.array(self.ws.schedule_counts(saved.ctypes.data, tokens), dtype=np.int32)
+
+    def check(self):
+        self.ws.check()
+
+
+def _forward(ws, where, x, topk_ids, topk_weights, weights, check_ids, layer=None):
+    t, dims, a = _inputs(where, x, topk_ids, topk_weights, weights, check_ids=check_ids)
+    y = np.empty((t, dims.hidden), dtype=np.uint16)
+    if t == 0:
+        return y, aligned_empty(0)
+    if layer is not None:
+        layer._dims_match(where, dims)
+    elif ws is None:
+        ws = core.workspace(dims, t, "cpu")
+    saved = aligned_empty(ws.saved_bytes(t))
+    ws.forward(t, _addr(a["x"]), _addr(a["topk_ids"]), _addr(a["topk_weights"]), _wptrs(a),
+               y.ctypes.data, saved.ctypes.data)
+    return y, saved
+
+
+def _backward(ws, where, dy, x, topk_ids, topk_weights, weights, saved, grad_mode, main_grads,
+              layer=None):
+    t, dims, a = _inputs(where, x, topk_ids, topk_weights, weights, dy=dy)
+    if grad_mode == "f32":
+        if main_grads is None or len(main_grads) != 6:
+            raise ValueError(f"{where}: grad_mode 'f32' needs main_grads: six float32 arrays "
+                             f"shaped as the weights (None for absent shared-expert ones)")
+        g = list(main_grads)
+        for n, gi, wi in zip(WEIGHTS, g, weights):
+            if (gi is None) != (wi is None) or (gi is not None and (
+                    gi.dtype != np.float32 or gi.shape != wi.shape or not gi.flags.c_contiguous)):
+                raise ValueError(f"{where}: main_grads d{n} must be a C-contiguous float32 array "
+                                 f"of shape {None if wi is None else wi.shape}")
+    elif grad_mode == "bf16":
+        g = [None if w is None else np.empty(w.shape, dtype=np.uint16) for w in weights]
+    else:
+        raise ValueError(f"{where}: grad_mode is {grad_mode!r}; expected 'bf16' or 'f32'")
+    dx = np.empty((t, dims.hidden), dtype=np.uint16)
+    dtw = np.empty((t, dims.top_k), dtype=np.float32)
+    if t == 0:
+        if grad_mode == "bf16":
+            for gi in g:
+                if gi is not None:
+                    gi.fill(0)
+        return Grads(dx, dtw, *g)
+    if layer is not None:
+        layer._dims_match(where, dims)
+    elif ws is None:
+        ws = core.workspace(dims, t, "cpu")
+    if not isinstance(saved, np.ndarray) or saved.dtype != np.uint8:
+        raise TypeError(f"{where}: saved must be the uint8 array forward returned")
+    if saved.nbytes < ws.saved_bytes(t):
+        raise ValueError(f"{where}: saved has {saved.nbytes} bytes; a call of {t} tokens needs "
+                         f"{ws.saved_bytes(t)} (pass the buffer forward returned)")
+    ws.backward(t, _addr(a["x"]), _addr(a["topk_ids"]), _addr(a["topk_weights"]), _wptrs(a),
+                saved.ctypes.data, _addr(a["dy"]), dx.ctypes.data, dtw.ctypes.data,
+                [_addr(gi) for gi in g], grad_mode)
+    return Grads(dx, dtw, *g)
+
+
+def forward(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate=None, ws_up=None,
+            ws_down=None, *, check_ids=True):
+    """y = shared(x) + sum_j topk_weights[:, j] * expert_{topk_ids[:, j]}(x) on the CPU backend.
+    Returns (y, saved): y [T, H] bf16 bits; saved for backward."""
+    return _forward(None, "mok.forward", x, topk_ids, topk_weights,
+                    (w_gate, w_up, w_down, ws_gate, ws_up, ws_down), check_ids)
+
+
+def backward(dy, x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate=None, ws_up=None,
+             ws_down=None, *, saved, grad_mode="bf16", main_grads=None):
+    """Gradients of the layer for dy [T, H] (bf16 bits), with the forward's inputs and `saved`.
+    Returns Grads(dx, d_topk_weights, dw_gate, dw_up, dw_down, dws_gate, dws_up, dws_down); the
+    weight grads are bf16 bits, or with grad_mode='f32' the given float32 main_grads, added to."""
+    return _backward(None, "mok.backward", dy, x, topk_ids, topk_weights,
+                     (w_gate, w_up, w_down, ws_gate, ws_up, ws_down), saved, grad_mode,
+                     main_grads)
