@@ -10,7 +10,7 @@ PYTHON  ?= python3
 WARN    := -Wall -Wextra -Werror
 CFLAGS  := -std=c11 -O2 -g -fPIC -fopenmp $(WARN) -Iinclude -Isrc -D_GNU_SOURCE -I$(CUDA)/include
 NVFLAGS := -std=c++17 -O3 -g -lineinfo -gencode arch=compute_90a,code=sm_90a -Werror all-warnings \
-           -Xcompiler -fPIC,-Wall,-Wextra,-Werror -Iinclude -Isrc -I$(CUDA)/include
+           -Xcompiler -fPIC,-Wall,-Wextra,-Werror -Iinclude -Isrc -I$(CUDA)/include $(NVEXTRA)
 LDLIBS  := -L$(CUDA)/lib64 -lcudart_static -lrt -ldl -lpthread -lm -fopenmp -lstdc++
 
 LIB_C   := $(wildcard src/*.c src/cpu/*.c)

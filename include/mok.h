@@ -83,8 +83,10 @@ typedef struct mok_context_config {
   int ep_rank;  /* rank in the expert-parallel group */
   int ep_size;  /* ranks in the group; 1 for now */
   int threads;  /* CPU backend worker threads; 0 = all cores */
+  int sms;      /* CUDA: multiprocessors the persistent kernels spread over; 0 = all.
+                 * A tuning knob: it never changes a bit of any result (DESIGN §3, D2). */
 } mok_context_config;
-#define MOK_CONTEXT_CONFIG_INIT {MOK_BACKEND_CPU, 0, 0, 1, 0}
+#define MOK_CONTEXT_CONFIG_INIT {MOK_BACKEND_CPU, 0, 0, 1, 0, 0}
 
 mok_status mok_context_create(const mok_context_config *cfg, mok_context **out);
 void mok_context_destroy(mok_context *ctx); /* accepts NULL */

@@ -44,6 +44,7 @@ mok_status mok_context_create(const mok_context_config *cfg, mok_context **out) 
   CHECK_ARG(cfg->ep_rank >= 0 && cfg->ep_rank < cfg->ep_size,
             "ep_rank is %d; expected 0 <= ep_rank < ep_size (%d)", cfg->ep_rank, cfg->ep_size);
   CHECK_ARG(cfg->threads >= 0, "threads is %d; expected >= 0 (0 = all cores)", cfg->threads);
+  CHECK_ARG(cfg->sms >= 0, "sms is %d; expected >= 0 (0 = all multiprocessors)", cfg->sms);
   if (cfg->ep_size != 1)
     return mok_fail(MOK_ERR_UNSUPPORTED, "ep_size %d: expert parallelism is not built yet; use 1",
                     cfg->ep_size);

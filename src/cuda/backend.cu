@@ -1,10 +1,20 @@
 /*
- * backend.cu: the CUDA backend's function table (work in progress: context only).
+ * backend.cu: the CUDA backend: device checks, the workspace's scratch memory, and the order in
+ * which forward, recompute and backward queue their kernels (DESIGN §2):
+ *   forward:  schedule -> dispatch x -> gate/up (+SwiGLU) -> down -> [shared gate/up, down]
+ *             -> combine
+ *   backward: dispatch x, dy -> down dgrad (+SwiGLU bwd, router partials) -> gate/up dgrad
+ *             -> weight grads -> [shared expert likewise] -> combine, router gradient
+ * Nothing here synchronises or allocates after workspace creation.
  */
 #include <cuda_runtime.h>
+#include <stdlib.h>
+#include <string.h>
 
+#include "cuda/kernels.h"
 #include "internal.h"
 
+/* ---- device -------------------------------------------------------------------------------- */
 extern "C" int mok_cuda_device_count(void) {
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess) {
@@ -14,6 +24,33 @@ extern "C" int mok_cuda_device_count(void) {
   return n;
 }
 
+static mok_status cuda_fail(cudaError_t e, const char *what) {
+  return mok_fail(MOK_ERR_CUDA, "%s: %s (%s)", what, cudaGetErrorName(e), cudaGetErrorString(e));
+}
+
+#define CUDA_TRY(expr, what)                          \
+  do {                                                \
+    cudaError_t e_ = (expr);                          \
+    if (e_ != cudaSuccess) return cuda_fail(e_, what); \
+  } while (0)
+
+/* Makes the context's device current for the length of a call and restores the caller's. */
+typedef struct device_guard {
+  int prev, ok;
+} device_guard;
+
+static mok_status device_enter(const mok_context *ctx, device_guard *g) {
+  g->ok = 0;
+  CUDA_TRY(cudaGetDevice(&g->prev), "cudaGetDevice");
+  if (g->prev != ctx->cfg.device) CUDA_TRY(cudaSetDevice(ctx->cfg.device), "cudaSetDevice");
+  g->ok = 1;
+  return MOK_OK;
+}
+
+static void device_leave(const mok_context *ctx, device_guard *g) {
+  if (g->ok && g->prev != ctx->cfg.device) cudaSetDevice(g->prev);
+}
+
 static mok_status cuda_context_init(mok_context *ctx) {
   int n = mok_cuda_device_count();
   if (n == 0) return mok_fail(MOK_ERR_UNSUPPORTED, "CUDA backend: no CUDA device is visible");
@@ -21,26 +58,475 @@ static mok_status cuda_context_init(mok_context *ctx) {
   if (dev < 0 || dev >= n)
     return mok_fail(MOK_ERR_INVALID_ARG, "device is %d; expected 0..%d", dev, n - 1);
   cudaDeviceProp p;
-  if (cudaGetDeviceProperties(&p, dev) != cudaSuccess)
-    return mok_fail(MOK_ERR_CUDA, "cudaGetDeviceProperties(%d) failed", dev);
+  CUDA_TRY(cudaGetDeviceProperties(&p, dev), "cudaGetDeviceProperties");
   if (p.major != 9 || p.minor != 0)
-    return mok_fail(MOK_ERR_UNSUPPORTED, "device %d (%s) is sm_%d%d; mok's kernels need sm_90 (Hopper)",
-                    dev, p.name, p.major, p.minor);
+    return mok_fail(MOK_ERR_UNSUPPORTED,
+                    "device %d (%s) is sm_%d%d; mok's kernels need sm_90 (Hopper)", dev, p.name,
+                    p.major, p.minor);
   ctx->sm_count = p.multiProcessorCount;
+  if (ctx->cfg.sms > 0 && ctx->cfg.sms < ctx->sm_count) ctx->sm_count = ctx->cfg.sms;
   return MOK_OK;
 }
 
-static mok_status not_yet(void) {
-  return mok_fail(MOK_ERR_UNSUPPORTED, "CUDA backend: not built yet");
+/* ---- workspace scratch ------------------------------------------------------------------------ */
+typedef struct scratch_layout {
+  size_t sticky;        /* int32: error bits until mok_check */
+  size_t chunk_counts;  /* int32 [chunks, E_local] */
+  size_t xr, dyr;       /* bf16 [rows_cap, H] routed x and dy rows */
+  size_t slots;         /* bf16 [T*k, H] expert output (fwd) / dx (bwd) per slot */
+  size_t dgu;           /* bf16 [rows_cap, 2I] */
+  size_t dtw_part;      /* f32 [T*k, I/64] router-gradient partials */
+  size_t rows_f32;      /* f32 [T, H] shared-expert output (fwd) / dx (bwd) */
+  size_t dgus;          /* bf16 [T, 2I_s] */
+  size_t bytes;
+} scratch_layout;
+
+typedef struct cuda_ws {
+  char *mem;
+  scratch_layout L;
+  int64_t rows_cap; /* of max_tokens */
+} cuda_ws;
+
+static size_t take(size_t *c, int64_t bytes) {
+  size_t at = *c;
+  *c += (size_t)mok_round_up(bytes, MOK_ALIGN);
+  return at;
 }
-static mok_status cuda_workspace_init(mok_workspace *) { return not_yet(); }
-static void cuda_workspace_fini(mok_workspace *) {}
-static mok_status cuda_schedule(mok_workspace *, const mok_forward_args *, void *) { return not_yet(); }
-static mok_status cuda_forward(mok_workspace *, const mok_forward_args *, int, void *) { return not_yet(); }
-static mok_status cuda_backward(mok_workspace *, const mok_backward_args *, void *) { return not_yet(); }
-static mok_status cuda_check(mok_workspace *, void *, int32_t *) { return not_yet(); }
-static mok_status cuda_copy_to_host(mok_workspace *, void *, const void *, size_t, void *) { return not_yet(); }
+
+static scratch_layout scratch_layout_of(const mok_workspace *ws, int64_t rows_cap) {
+  const mok_shape *s = &ws->shape;
+  const int64_t T = s->max_tokens, slots = T * s->top_k;
+  scratch_layout L;
+  size_t c = 0;
+  L.sticky = take(&c, 16);
+  L.chunk_counts = take(&c, (slots + SCHED_CHUNK - 1) / SCHED_CHUNK * ws->experts_local * 4);
+  L.xr = take(&c, rows_cap * s->hidden * 2);
+  L.dyr = take(&c, rows_cap * s->hidden * 2);
+  L.slots = take(&c, slots * s->hidden * 2);
+  L.dgu = take(&c, rows_cap * 2 * s->inter * 2);
+  L.dtw_part = take(&c, slots * (s->inter / 64) * 4);
+  L.rows_f32 = take(&c, T * s->hidden * 4);
+  L.dgus = take(&c, T * 2 * s->shared_inter * 2);
+  L.bytes = c;
+  return L;
+}
+
+static mok_status cuda_workspace_init(mok_workspace *ws) {
+  const mok_shape *s = &ws->shape;
+  if (s->hidden % 64 || s->inter % 64 || s->shared_inter % 64)
+    return mok_fail(MOK_ERR_UNSUPPORTED,
+                    "CUDA backend: H (%lld), I (%lld) and I_s (%lld) must be multiples of 64",
+                    (long long)s->hidden, (long long)s->inter, (long long)s->shared_inter);
+  cuda_ws *cw = (cuda_ws *)calloc(1, sizeof *cw);
+  if (!cw) return mok_fail(MOK_ERR_OUT_OF_MEMORY, "no host memory for the CUDA workspace");
+  device_guard g;
+  mok_status st = device_enter(ws->ctx, &g);
+  if (st != MOK_OK) {
+    free(cw);
+    return st;
+  }
+  cw->rows_cap = mok_saved_layout_of(ws, s->max_tokens).rows_cap;
+  cw->L = scratch_layout_of(ws, cw->rows_cap);
+  cudaError_t e = cudaMalloc((void **)&cw->mem, cw->L.bytes);
+  if (e == cudaSuccess) e = cudaMemset(cw->mem, 0, cw->L.bytes);
+  device_leave(ws->ctx, &g);
+  if (e != cudaSuccess) {
+    size_t bytes = cw->L.bytes;
+    cudaGetLastError();
+    cudaFree(cw->mem);
+    free(cw);
+    return mok_fail(e == cudaErrorMemoryAllocation ? MOK_ERR_OUT_OF_MEMORY : MOK_ERR_CUDA,
+                    "CUDA workspace of %zu bytes: %s", bytes, cudaGetErrorString(e));
+  }
+  ws->backend = cw;
+  ws->bytes = cw->L.bytes;
+  return MOK_OK;
+}
+
+static void cuda_workspace_fini(mok_workspace *ws) {
+  cuda_ws *cw = (cuda_ws *)ws->backend;
+  if (!cw) return;
+  device_guard g;
+  if (device_enter(ws->ctx, &g) == MOK_OK) {
+    cudaFree(cw->mem);
+    device_leave(ws->ctx, &g);
+  }
+  free(cw);
+  ws->backend = NULL;
+}
+
+/* ---- per-call views --------------------------------------------------------------------------- */
+typedef struct call {
+  mok_workspace *ws;
+  cudaStream_t stream;
+  mok_saved_layout S;
+  char *saved;
+  char *scratch;
+  const scratch_layout *L;
+  int T, H, I, Is, k, E_local;
+} call;
+
+#define AT(base, off, type) ((type *)((base) + (off)))
+
+static call call_of(mok_workspace *ws, int64_t tokens, const void *saved, void *stream) {
+  cuda_ws *cw = (cuda_ws *)ws->backend;
+  call c;
+  c.ws = ws;
+  c.stream = (cudaStream_t)stream;
+  c.S = mok_saved_layout_of(ws, tokens);
+  c.saved = (char *)saved;
+  c.scratch = cw->mem;
+  c.L = &cw->L;
+  c.T = (int)tokens;
+  c.H = (int)ws->shape.hidden;
+  c.I = (int)ws->shape.inter;
+  c.Is = (int)ws->shape.shared_inter;
+  c.k = ws->shape.top_k;
+  c.E_local = (int)ws->experts_local;
+  return c;
+}
+
+static const int32_t *status_of(const call *c) { return AT(c->saved, c->S.status, int32_t); }
+static __nv_bfloat16 *bf(const call *c, char *base, size_t off) {
+  (void)c;
+  return AT(base, off, __nv_bfloat16);
+}
+
+/* Host-checkable: every pointer the kernels touch must be device memory. */
+static mok_status check_device(const void *p, const char *name) {
+  cudaPointerAttributes a;
+  if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+    cudaGetLastError();
+    return mok_fail(MOK_ERR_INVALID_ARG, "%s (%p) is not a CUDA pointer", name, p);
+  }
+  if (a.type != cudaMemoryTypeDevice && a.type != cudaMemoryTypeManaged)
+    return mok_fail(MOK_ERR_INVALID_ARG,
+                    "%s (%p) is host memory; the CUDA backend needs device pointers", name, p);
+  return MOK_OK;
+}
+
+#define TRY(expr)                  \
+  do {                             \
+    mok_status st_ = (expr);       \
+    if (st_ != MOK_OK) return st_; \
+  } while (0)
+
+static mok_status check_weights_device(const mok_weights *w) {
+  TRY(check_device(w->w_gate, "w.w_gate"));
+  TRY(check_device(w->w_up, "w.w_up"));
+  TRY(check_device(w->w_down, "w.w_down"));
+  if (w->ws_gate) {
+    TRY(check_device(w->ws_gate, "w.ws_gate"));
+    TRY(check_device(w->ws_up, "w.ws_up"));
+    TRY(check_device(w->ws_down, "w.ws_down"));
+  }
+  return MOK_OK;
+}
+
+/* ---- launching products ---------------------------------------------------------------------- */
+static mok_status map2(CUtensorMap *m, const void *p, int64_t rows, int64_t cols, int box_rows) {
+  int r = tma_map_2d(m, p, rows, cols, box_rows);
+  if (r) return mok_fail(MOK_ERR_CUDA, "cuTensorMapEncodeTiled (2D %lld x %lld) failed: %d",
+                         (long long)rows, (long long)cols, r);
+  return MOK_OK;
+}
+
+static mok_status map3(CUtensorMap *m, const void *p, int64_t b, int64_t rows, int64_t cols,
+                       int box_rows) {
+  int r = tma_map_3d(m, p, b, rows, cols, box_rows);
+  if (r) return mok_fail(MOK_ERR_CUDA, "cuTensorMapEncodeTiled (3D %lld x %lld x %lld) failed: %d",
+                         (long long)b, (long long)rows, (long long)cols, r);
+  return MOK_OK;
+}
+
+static mok_status run(const call *c, gemm_kind kind, const gemm_args *g, const char *what) {
+  cudaError_t e = gemm_launch(kind, g, c->ws->ctx->sm_count, c->stream);
+  return e == cudaSuccess ? MOK_OK : cuda_fail(e, what);
+}
+
+/* Row-grouped tile space: routed rows from the schedule, or T plain rows (shared expert). */
+static void rows_routed(const call *c, gemm_args *g) {
+  g->offsets = AT(c->saved, c->S.offsets, int32_t);
+  g->mblock_expert = AT(c->saved, c->S.mblock_expert, int32_t);
+  g->experts = c->E_local;
+  g->m_tiles_max = (int)(c->S.rows_cap / GEMM_BM);
+  g->rows_valid = (int)c->S.rows_cap;
+}
+
+static void rows_plain(const call *c, gemm_args *g) {
+  g->offsets = NULL;
+  g->mblock_expert = NULL;
+  g->experts = 1;
+  g->m_tiles_max = (c->T + GEMM_BM - 1) / GEMM_BM;
+  g->rows_valid = c->T;
+}
+
+/* gu, hw <- A [rows, H] x [gate | up]^T (rows routed, or the shared expert's T rows). */
+static mok_status gateup_fwd(const call *c, int routed, const void *a, const void *w_gate,
+                             const void *w_up, int64_t experts, int64_t I, void *gu, void *hw) {
+  gemm_args g;
+  memset(&g, 0, sizeof g);
+  int64_t rows = routed ? c->S.rows_cap : c->T;
+  TRY(map2(&g.a, a, rows, c->H, 128));
+  TRY(map3(&g.b0, w_gate, experts, I, c->H, 128));
+  TRY(map3(&g.b1, w_up, experts, I, c->H, 128));
+  if (routed) rows_routed(c, &g); else rows_plain(c, &g);
+  g.status = status_of(c);
+  g.n = (int)I;
+  g.k = c->H;
+  g.row_weight = routed ? AT(c->saved, c->S.row_weight, float) : NULL;
+  g.out0 = gu;
+  g.out1 = hw;
+  return run(c, GEMM_FWD_GATEUP, &g, "gate/up forward");
+}
+
+/* out <- A [rows, I] x W_down^T: bf16 slot rows (routed) or fp32 rows (shared). */
+static mok_status down_fwd(const call *c, int routed, const void *a, const void *w_down,
+                           int64_t experts, int64_t I, void *out) {
+  gemm_args g;
+  memset(&g, 0, sizeof g);
+  int64_t rows = routed ? c->S.rows_cap : c->T;
+  TRY(map2(&g.a, a, rows, I, 128));
+  TRY(map3(&g.b0, w_down, experts, c->H, I, 256));
+  if (routed) rows_routed(c, &g); else rows_plain(c, &g);
+  g.status = status_of(c);
+  g.n = c->H;
+  g.k = (int)I;
+  g.row_src = routed ? AT(c->saved, c->S.row_src, int32_t) : NULL;
+  g.out0 = out;
+  g.ld_out = c->H;
+  return run(c, GEMM_FWD_DOWN, &g, "down forward");
+}
+
+/* dgu, router partials <- A [rows, H] x W_down, SwiGLU backward with the saved gu. */
+static mok_status down_dgrad(const call *c, int routed, const void *a, const void *w_down,
+                             int64_t experts, int64_t I, const void *gu, void *dgu, float *part) {
+  gemm_args g;
+  memset(&g, 0, sizeof g);
+  int64_t rows = routed ? c->S.rows_cap : c->T;
+  TRY(map2(&g.a, a, rows, c->H, 128));
+  TRY(map3(&g.b0, w_down, experts, c->H, I, 64));
+  if (routed) rows_routed(c, &g); else rows_plain(c, &g);
+  g.status = status_of(c);
+  g.n = (int)I;
+  g.k = c->H;
+  g.row_weight = routed ? AT(c->saved, c->S.row_weight, float) : NULL;
+  g.row_src = routed ? AT(c->saved, c->S.row_src, int32_t) : NULL;
+  g.gu_in = (const __nv_bfloat16 *)gu;
+  g.out0 = dgu;
+  g.aux = part;
+  return run(c, GEMM_DGRAD_DOWN, &g, "down dgrad");
+}
+
+/* out <- dgu [rows, 2I] x [W_gate; W_up]: bf16 slot rows (routed) or fp32 rows (shared). */
+static mok_status gateup_dgrad(const call *c, int routed, const void *dgu, const void *w_gate,
+                               const void *w_up, int64_t experts, int64_t I, void *out) {
+  gemm_args g;
+  memset(&g, 0, sizeof g);
+  int64_t rows = routed ? c->S.rows_cap : c->T;
+  TRY(map2(&g.a, dgu, rows, 2 * I, 128));
+  TRY(map3(&g.b0, w_gate, experts, I, c->H, 64));
+  TRY(map3(&g.b1, w_up, experts, I, c->H, 64));
+  if (routed) rows_routed(c, &g); else rows_plain(c, &g);
+  g.status = status_of(c);
+  g.n = c->H;
+  g.k = (int)(2 * I);
+  g.k_split = (int)I;
+  g.row_src = routed ? AT(c->saved, c->S.row_src, int32_t) : NULL;
+  g.out0 = out;
+  g.ld_out = c->H;
+  return run(c, GEMM_DGRAD_GATEUP, &g, "gate/up dgrad");
+}
+
+/* Per expert: out[m, n] = sum over its rows r of A[r, m] B[r, n]. Rows m < split go to out0,
+ * the rest to out1. A is [rows, M], B is [rows, N] row-major. */
+static mok_status wgrad(const call *c, int routed, const void *a, int64_t M, const void *b,
+                        int64_t N, int64_t split, void *out0, void *out1, int accumulate) {
+  gemm_args g;
+  memset(&g, 0, sizeof g);
+  int64_t rows = routed ? c->S.rows_cap : c->T;
+  TRY(map2(&g.a, a, rows, M, 64));
+  TRY(map2(&g.b0, b, rows, N, 64));
+  g.offsets = routed ? AT(c->saved, c->S.offsets, int32_t) : NULL;
+  g.experts = routed ? c->E_local : 1;
+  g.status = status_of(c);
+  g.m_tiles_max = (int)((M + GEMM_BM - 1) / GEMM_BM);
+  g.m = (int)M;
+  g.n = (int)N;
+  g.k = routed ? 0 : c->T;
+  g.k_split = (int)split;
+  g.out0 = out0;
+  g.out1 = out1;
+  g.ld_out = (int)N;
+  g.accumulate = accumulate;
+  return run(c, GEMM_WGRAD, &g, "weight gradient");
+}
+
+/* ---- the layer ------------------------------------------------------------------------------- */
+static mok_status schedule(const call *c, const mok_forward_args *a) {
+  sched_args s;
+  s.topk_ids = a->topk_ids;
+  s.topk_weights = a->topk_weights;
+  s.slots = c->T * c->k;
+  s.experts = c->ws->shape.experts;
+  s.experts_local = c->E_local;
+  s.expert_base = (int)c->ws->expert_base;
+  s.rows_cap = (int)c->S.rows_cap;
+  s.status = AT(c->saved, c->S.status, int32_t);
+  s.sticky = AT(c->scratch, c->L->sticky, int32_t);
+  s.counts = AT(c->saved, c->S.counts, int32_t);
+  s.offsets = AT(c->saved, c->S.offsets, int32_t);
+  s.row_src = AT(c->saved, c->S.row_src, int32_t);
+  s.mblock_expert = AT(c->saved, c->S.mblock_expert, int32_t);
+  s.row_weight = AT(c->saved, c->S.row_weight, float);
+  s.chunk_counts = AT(c->scratch, c->L->chunk_counts, int32_t);
+  CUDA_TRY(schedule_launch(&s, c->stream), "schedule");
+  return MOK_OK;
+}
+
+static mok_status check_forward_device(const mok_forward_args *a, int compute_y) {
+  TRY(check_device(a->x, "x"));
+  TRY(check_device(a->topk_ids, "topk_ids"));
+  TRY(check_device(a->topk_weights, "topk_weights"));
+  TRY(check_device(a->saved, "saved"));
+  if (compute_y) TRY(check_device(a->y, "y"));
+  return check_weights_device(&a->w);
+}
+
+static mok_status forward_on_device(mok_workspace *ws, const mok_forward_args *a, int compute_y,
+                                    void *stream) {
+  TRY(check_forward_device(a, compute_y));
+  call c = call_of(ws, a->tokens, a->saved, stream);
+  const int64_t E = c.E_local;
+  __nv_bfloat16 *xr = bf(&c, c.scratch, c.L->xr);
+  TRY(schedule(&c, a));
+  CUDA_TRY(dispatch_launch(status_of(&c), AT(c.saved, c.S.offsets, int32_t), c.E_local,
+                           AT(c.saved, c.S.row_src, int32_t), c.k, c.H, (int)c.S.rows_cap,
+                           (const __nv_bfloat16 *)a->x, xr, NULL, NULL, c.stream),
+           "dispatch");
+  TRY(gateup_fwd(&c, 1, xr, a->w.w_gate, a->w.w_up, E, c.I, c.saved + c.S.gu, c.saved + c.S.hw));
+  if (c.Is)
+    TRY(gateup_fwd(&c, 0, a->x, a->w.ws_gate, a->w.ws_up, 1, c.Is, c.saved + c.S.gus,
+                   c.saved + c.S.hs));
+  if (!compute_y) return MOK_OK;
+  __nv_bfloat16 *slots = bf(&c, c.scratch, c.L->slots);
+  float *ys = AT(c.scratch, c.L->rows_f32, float);
+  TRY(down_fwd(&c, 1, c.saved + c.S.hw, a->w.w_down, E, c.I, slots));
+  if (c.Is) TRY(down_fwd(&c, 0, c.saved + c.S.hs, a->w.ws_down, 1, c.Is, ys));
+  CUDA_TRY(combine_launch(status_of(&c), c.T, c.k, c.H, c.Is ? ys : NULL, slots,
+                          (__nv_bfloat16 *)a->y, c.stream),
+           "combine");
+  return MOK_OK;
+}
+
+static mok_status cuda_forward(mok_workspace *ws, const mok_forward_args *a, int compute_y,
+                               void *stream) {
+  device_guard g;
+  TRY(device_enter(ws->ctx, &g));
+  mok_status st = forward_on_device(ws, a, compute_y, stream);
+  device_leave(ws->ctx, &g);
+  return st;
+}
+
+static mok_status cuda_schedule(mok_workspace *ws, const mok_forward_args *a, void *stream) {
+  device_guard g;
+  TRY(device_enter(ws->ctx, &g));
+  mok_status st = check_device(a->topk_ids, "topk_ids");
+  if (st == MOK_OK) st = check_device(a->topk_weights, "topk_weights");
+  if (st == MOK_OK) st = check_device(a->saved, "saved");
+  if (st == MOK_OK) {
+    call c = call_of(ws, a->tokens, a->saved, stream);
+    st = schedule(&c, a);
+  }
+  device_leave(ws->ctx, &g);
+  return st;
+}
+
+static mok_status check_backward_device(const mok_backward_args *a) {
+  TRY(check_device(a->x, "x"));
+  TRY(check_device(a->dy, "dy"));
+  TRY(check_device(a->saved, "saved"));
+  TRY(check_device(a->dx, "dx"));
+  TRY(check_device(a->d_topk_weights, "d_topk_weights"));
+  TRY(check_device(a->g.dw_gate, "g.dw_gate"));
+  TRY(check_device(a->g.dw_up, "g.dw_up"));
+  TRY(check_device(a->g.dw_down, "g.dw_down"));
+  if (a->g.dws_gate) {
+    TRY(check_device(a->g.dws_gate, "g.dws_gate"));
+    TRY(check_device(a->g.dws_up, "g.dws_up"));
+    TRY(check_device(a->g.dws_down, "g.dws_down"));
+  }
+  return check_weights_device(&a->w);
+}
+
+static mok_status backward_on_device(mok_workspace *ws, const mok_backward_args *a,
+                                     void *stream) {
+  TRY(check_backward_device(a));
+  call c = call_of(ws, a->tokens, a->saved, stream);
+  const int64_t E = c.E_local;
+  const int acc = a->grad_mode == MOK_GRAD_ACCUMULATE_F32;
+  __nv_bfloat16 *xr = bf(&c, c.scratch, c.L->xr), *dyr = bf(&c, c.scratch, c.L->dyr);
+  __nv_bfloat16 *dgu = bf(&c, c.scratch, c.L->dgu), *slots = bf(&c, c.scratch, c.L->slots);
+  float *part = AT(c.scratch, c.L->dtw_part, float);
+  float *dxs = AT(c.scratch, c.L->rows_f32, float);
+  __nv_bfloat16 *dgus = bf(&c, c.scratch, c.L->dgus);
+
+  CUDA_TRY(dispatch_launch(status_of(&c), AT(c.saved, c.S.offsets, int32_t), c.E_local,
+                           AT(c.saved, c.S.row_src, int32_t), c.k, c.H, (int)c.S.rows_cap,
+                           (const __nv_bfloat16 *)a->x, xr, (const __nv_bfloat16 *)a->dy, dyr,
+                           c.stream),
+           "dispatch");
+  /* Routed experts: dgrads, then the weight gradients over each expert's rows. */
+  TRY(down_dgrad(&c, 1, dyr, a->w.w_down, E, c.I, c.saved + c.S.gu, dgu, part));
+  TRY(gateup_dgrad(&c, 1, dgu, a->w.w_gate, a->w.w_up, E, c.I, slots));
+  TRY(wgrad(&c, 1, dyr, c.H, c.saved + c.S.hw, c.I, c.H, a->g.dw_down, NULL, acc));
+  TRY(wgrad(&c, 1, dgu, 2 * c.I, xr, c.H, c.I, a->g.dw_gate, a->g.dw_up, acc));
+  /* Shared expert on all T rows, w = 1. */
+  if (c.Is) {
+    TRY(down_dgrad(&c, 0, a->dy, a->w.ws_down, 1, c.Is, c.saved + c.S.gus, dgus, NULL));
+    TRY(gateup_dgrad(&c, 0, dgus, a->w.ws_gate, a->w.ws_up, 1, c.Is, dxs));
+    TRY(wgrad(&c, 0, a->dy, c.H, c.saved + c.S.hs, c.Is, c.H, a->g.dws_down, NULL, acc));
+    TRY(wgrad(&c, 0, dgus, 2 * c.Is, a->x, c.H, c.Is, a->g.dws_gate, a->g.dws_up, acc));
+  }
+  CUDA_TRY(combine_launch(status_of(&c), c.T, c.k, c.H, c.Is ? dxs : NULL, slots,
+                          (__nv_bfloat16 *)a->dx, c.stream),
+           "combine");
+  CUDA_TRY(router_grad_launch(status_of(&c), c.T * c.k, c.I / 64, part, a->d_topk_weights,
+                              c.stream),
+           "router gradient");
+  return MOK_OK;
+}
+
+static mok_status cuda_backward(mok_workspace *ws, const mok_backward_args *a, void *stream) {
+  device_guard g;
+  TRY(device_enter(ws->ctx, &g));
+  mok_status st = backward_on_device(ws, a, stream);
+  device_leave(ws->ctx, &g);
+  return st;
+}
+
+static mok_status cuda_check(mok_workspace *ws, void *stream, int32_t *bits) {
+  cuda_ws *cw = (cuda_ws *)ws->backend;
+  device_guard g;
+  TRY(device_enter(ws->ctx, &g));
+  int32_t *sticky = AT(cw->mem, cw->L.sticky, int32_t);
+  cudaError_t e = cudaStreamSynchronize((cudaStream_t)stream);
+  if (e == cudaSuccess) e = cudaMemcpy(bits, sticky, sizeof *bits, cudaMemcpyDeviceToHost);
+  if (e == cudaSuccess) e = cudaMemset(sticky, 0, sizeof *bits);
+  device_leave(ws->ctx, &g);
+  return e == cudaSuccess ? MOK_OK : cuda_fail(e, "mok_check");
+}
+
+static mok_status cuda_copy_to_host(mok_workspace *ws, void *dst, const void *src, size_t bytes,
+                                    void *stream) {
+  device_guard g;
+  TRY(device_enter(ws->ctx, &g));
+  cudaError_t e = cudaStreamSynchronize((cudaStream_t)stream);
+  if (e == cudaSuccess) e = cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost);
+  device_leave(ws->ctx, &g);
+  return e == cudaSuccess ? MOK_OK : cuda_fail(e, "copy to host");
+}
 
 extern "C" const mok_backend_ops mok_cuda_ops = {
-    "cuda", cuda_context_init, cuda_workspace_init, cuda_workspace_fini, cuda_schedule,
-    cuda_forward, cuda_backward, cuda_check, cuda_copy_to_host};
+    "cuda",         cuda_context_init, cuda_workspace_init, cuda_workspace_fini, cuda_schedule,
+    cuda_forward,   cuda_backward,     cuda_check,          cuda_copy_to_host};

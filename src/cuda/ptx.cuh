@@ -1,0 +1,158 @@
+/*
+ * ptx.cuh: every inline PTX instruction mok uses, one small wrapper each, named after the
+ * instruction (and its ordering/scope where it has one). Nothing else in mok writes asm.
+ * Section numbers cite the PTX ISA (version 8.x): 9.7.9.25 TMA (cp.async.bulk.tensor), 9.7.13
+ * mbarrier, 9.7.15 wgmma, 9.7.16.5 setmaxnreg.
+ */
+#ifndef MOK_PTX_CUH
+#define MOK_PTX_CUH
+
+#include <cuda.h>
+#include <stdint.h>
+
+#define MOK_DEV static __device__ __forceinline__
+
+/* ---- identity, time ----------------------------------------------------------------------- */
+MOK_DEV uint64_t globaltimer_ns(void) {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+MOK_DEV uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+/* ---- mbarrier (9.7.13) -------------------------------------------------------------------- */
+MOK_DEV void mbarrier_init(uint64_t *bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)), "r"(count));
+}
+
+/* Makes mbarrier.init visible to the async proxy (TMA) before first use. */
+MOK_DEV void fence_mbarrier_init(void) {
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+
+MOK_DEV void mbarrier_arrive(uint64_t *bar) {
+  asm volatile("mbarrier.arrive.release.cta.shared::cta.b64 _, [%0];" ::"r"(smem_u32(bar))
+               : "memory");
+}
+
+/* Arrives and tells the barrier to wait for `bytes` more bytes of TMA traffic. */
+MOK_DEV void mbarrier_arrive_expect_tx(uint64_t *bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.release.cta.shared::cta.b64 _, [%0], %1;"
+               ::"r"(smem_u32(bar)), "r"(bytes) : "memory");
+}
+
+MOK_DEV int mbarrier_try_wait_parity(uint64_t *bar, uint32_t parity) {
+  uint32_t done;
+  asm volatile(
+      "{\n .reg .pred p;\n"
+      " mbarrier.try_wait.parity.acquire.cta.shared::cta.b64 p, [%1], %2;\n"
+      " selp.u32 %0, 1, 0, p;\n}\n"
+      : "=r"(done) : "r"(smem_u32(bar)), "r"(parity) : "memory");
+  return (int)done;
+}
+
+/* Waits for the phase with this parity to complete. A pipeline bug must not hang the GPU: after
+ * ~10 s of waiting the kernel traps (the launch then fails with an error). */
+MOK_DEV void mbarrier_wait_parity(uint64_t *bar, uint32_t parity) {
+  if (mbarrier_try_wait_parity(bar, parity)) return;
+  uint64_t start = globaltimer_ns();
+  for (uint32_t spins = 1;; spins++) {
+    if (mbarrier_try_wait_parity(bar, parity)) return;
+    if ((spins & 1023u) == 0 && globaltimer_ns() - start > 10000000000ull) __trap();
+  }
+}
+
+/* ---- TMA: bulk tensor copies global -> shared, completing on an mbarrier (9.7.9.25) ------- */
+MOK_DEV void tma_load_2d(void *dst, const CUtensorMap *map, uint64_t *bar, int c0, int c1) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%3, %4}], [%2];"
+      ::"r"(smem_u32(dst)), "l"(map), "r"(smem_u32(bar)), "r"(c0), "r"(c1) : "memory");
+}
+
+MOK_DEV void tma_load_3d(void *dst, const CUtensorMap *map, uint64_t *bar, int c0, int c1,
+                         int c2) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%3, %4, %5}], [%2];"
+      ::"r"(smem_u32(dst)), "l"(map), "r"(smem_u32(bar)), "r"(c0), "r"(c1), "r"(c2)
+      : "memory");
+}
+
+MOK_DEV void prefetch_tensormap(const CUtensorMap *map) {
+  asm volatile("prefetch.tensormap [%0];" ::"l"(map) : "memory");
+}
+
+/* ---- register reallocation between warpgroups (9.7.16.5) --------------------------------- */
+template <int N> MOK_DEV void setmaxnreg_inc(void) {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(N));
+}
+template <int N> MOK_DEV void setmaxnreg_dec(void) {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(N));
+}
+
+/* ---- wgmma (9.7.15) ----------------------------------------------------------------------- */
+/* Shared-memory matrix descriptor (9.7.15.5.1): start address, leading and stride byte offsets
+ * (all >> 4), 128-byte swizzle (mode 1 in bits 62-63). For the 128B-swizzled layouts mok uses:
+ *   K-major:  rows of 64 bf16 (128 B); SBO = 1024 B between 8-row groups; LBO unused.
+ *   MN-major: 64 M/N-contiguous bf16 per 128 B K-row; SBO = 1024 B between 8-K-row groups,
+ *             LBO = bytes between 64-wide M/N blocks. */
+MOK_DEV uint64_t smem_desc_sw128(const void *start, uint32_t lbo_bytes, uint32_t sbo_bytes) {
+  uint64_t d = 0;
+  d |= (uint64_t)((smem_u32(start) & 0x3ffff) >> 4);
+  d |= (uint64_t)((lbo_bytes >> 4) & 0x3fff) << 16;
+  d |= (uint64_t)((sbo_bytes >> 4) & 0x3fff) << 32;
+  d |= (uint64_t)1 << 62;
+  return d;
+}
+
+MOK_DEV void wgmma_fence(void) { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+MOK_DEV void wgmma_commit_group(void) {
+  asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+}
+template <int N> MOK_DEV void wgmma_wait_group(void) {
+  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+}
+
+/* Keeps the compiler from moving accumulator reads/writes across wgmma boundaries. */
+MOK_DEV void fence_operand(float &r) { asm volatile("" : "+f"(r)::"memory"); }
+
+/* D[64x256] += A[64x16] * B[16x256], bf16 in, fp32 accumulate, A and B from shared memory.
+ * The suffix says how A and B lie in shared memory: k = K-major, t = MN-major ("transposed"). */
+#define MOK_WGMMA_M64N256K16(NAME, TA, TB)                                                      \
+  MOK_DEV void NAME(float *d, uint64_t da, uint64_t db) {                                      \
+    asm volatile(                                                                              \
+        "{\n"                                                                                  \
+        "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 "                              \
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, %128, %129, 1, 1, 1, " #TA ", " #TB ";\n"                                     \
+        "}\n"                                                                                  \
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),\
+      "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),\
+      "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),\
+      "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),\
+      "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),\
+      "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),\
+      "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),\
+      "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),\
+      "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),\
+      "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),\
+      "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),\
+      "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),\
+      "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),\
+      "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),\
+      "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),\
+      "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])                                                                                 \
+        : "l"(da), "l"(db));                                                                   \
+  }
+MOK_WGMMA_M64N256K16(wgmma_256_kk, 0, 0)
+MOK_WGMMA_M64N256K16(wgmma_256_kt, 0, 1)
+MOK_WGMMA_M64N256K16(wgmma_256_tt, 1, 1)
+#undef MOK_WGMMA_M64N256K16
+
+/* Orders this thread's generic-proxy shared-memory writes before later async-proxy reads. */
+MOK_DEV void fence_proxy_async_shared(void) {
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+}
+
+#endif /* MOK_PTX_CUH */

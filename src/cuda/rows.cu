@@ -1,0 +1,101 @@
+/*
+ * rows.cu: moving whole rows. dispatch copies token rows into the routed buffer (zeros on
+ * padding, so weight-gradient products may sum over padded rows); combine sums each token's
+ * slot rows onto its shared-expert row in fixed j order; router_grad sums the per-chunk partials
+ * of d_topk_weights in ascending chunk order. All rows move as 16-byte vectors.
+ */
+#include "cuda/kernels.h"
+
+#define ROWS_THREADS 256
+
+__global__ void __launch_bounds__(ROWS_THREADS)
+dispatch_rows(const int32_t *status, const int32_t *offsets, int experts_local,
+              const int32_t *row_src, int k, int H, const int4 *src0, int4 *dst0,
+              const int4 *src1, int4 *dst1) {
+  if (*status) return;
+  const int total = offsets[experts_local];
+  const int vecs = H / 8;
+  const int lane = threadIdx.x % 32;
+  for (int r = (blockIdx.x * blockDim.x + threadIdx.x) / 32; r < total;
+       r += gridDim.x * blockDim.x / 32) {
+    int src = row_src[r];
+    size_t from = src >= 0 ? (size_t)(src / k) * vecs : 0, to = (size_t)r * vecs;
+    for (int v = lane; v < vecs; v += 32) {
+      int4 z = make_int4(0, 0, 0, 0);
+      dst0[to + v] = src >= 0 ? src0[from + v] : z;
+      if (dst1) dst1[to + v] = src >= 0 ? src1[from + v] : z;
+    }
+  }
+}
+
+__global__ void __launch_bounds__(ROWS_THREADS)
+combine_rows(const int32_t *status, int T, int k, int H, const float *base, const int4 *slots,
+             int4 *out) {
+  if (*status) return;
+  const int vecs = H / 8;
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < (size_t)T * vecs;
+       i += (size_t)gridDim.x * blockDim.x) {
+    size_t t = i / vecs, v = i - t * vecs;
+    float acc[8];
+    if (base) {
+      const float4 *b = (const float4 *)(base + t * H + v * 8);
+      float4 lo = b[0], hi = b[1];
+      acc[0] = lo.x; acc[1] = lo.y; acc[2] = lo.z; acc[3] = lo.w;
+      acc[4] = hi.x; acc[5] = hi.y; acc[6] = hi.z; acc[7] = hi.w;
+    } else {
+      for (int c = 0; c < 8; c++) acc[c] = 0.0f;
+    }
+    for (int j = 0; j < k; j++) {
+      int4 raw = slots[(t * k + j) * vecs + v];
+      const __nv_bfloat162 *p = (const __nv_bfloat162 *)&raw;
+      for (int c = 0; c < 4; c++) {
+        float2 f = __bfloat1622float2(p[c]);
+        acc[2 * c] += f.x;
+        acc[2 * c + 1] += f.y;
+      }
+    }
+    int4 res;
+    __nv_bfloat162 *q = (__nv_bfloat162 *)&res;
+    for (int c = 0; c < 4; c++) q[c] = __floats2bfloat162_rn(acc[2 * c], acc[2 * c + 1]);
+    out[i] = res;
+  }
+}
+
+__global__ void __launch_bounds__(ROWS_THREADS)
+router_grad(const int32_t *status, int slots, int chunks, const float *part, float *out) {
+  if (*status) return;
+  for (int s = blockIdx.x * blockDim.x + threadIdx.x; s < slots; s += gridDim.x * blockDim.x) {
+    float acc = 0.0f;
+    for (int c = 0; c < chunks; c++) acc += part[(size_t)s * chunks + c];
+    out[s] = acc;
+  }
+}
+
+static int grid_for(size_t work, int per_block) {
+  size_t g = (work + per_block - 1) / per_block;
+  return (int)(g < 1 ? 1 : (g > 8192 ? 8192 : g));
+}
+
+cudaError_t dispatch_launch(const int32_t *status, const int32_t *offsets, int experts_local,
+                            const int32_t *row_src, int k, int H, int rows_cap,
+                            const __nv_bfloat16 *src0, __nv_bfloat16 *dst0,
+                            const __nv_bfloat16 *src1, __nv_bfloat16 *dst1, cudaStream_t stream) {
+  dispatch_rows<<<grid_for(rows_cap, ROWS_THREADS / 32), ROWS_THREADS, 0, stream>>>(
+      status, offsets, experts_local, row_src, k, H, (const int4 *)src0, (int4 *)dst0,
+      (const int4 *)src1, (int4 *)dst1);
+  return cudaGetLastError();
+}
+
+cudaError_t combine_launch(const int32_t *status, int T, int k, int H, const float *base,
+                           const __nv_bfloat16 *slots, __nv_bfloat16 *out, cudaStream_t stream) {
+  combine_rows<<<grid_for((size_t)T * H / 8, ROWS_THREADS), ROWS_THREADS, 0, stream>>>(
+      status, T, k, H, base, (const int4 *)slots, (int4 *)out);
+  return cudaGetLastError();
+}
+
+cudaError_t router_grad_launch(const int32_t *status, int slots, int chunks, const float *part,
+                               float *out, cudaStream_t stream) {
+  router_grad<<<grid_for(slots, ROWS_THREADS), ROWS_THREADS, 0, stream>>>(status, slots, chunks,
+                                                                         part, out);
+  return cudaGetLastError();
+}

@@ -1,0 +1,151 @@
+/*
+ * schedule.cu: builds the schedule on the GPU with no host round trip (DESIGN §2.1).
+ *   count: each block histograms SCHED_CHUNK slots per local expert and validates ids;
+ *   scan:  one block turns chunk histograms into per-chunk bases, counts, padded offsets,
+ *          the expert of every 128-row block, and marks padding rows;
+ *   place: each slot's row = offsets[e] + chunk base + its rank among earlier slots of the
+ *          chunk with the same expert, so every expert's rows come in slot order (t*k + j).
+ * Only integer atomics whose result does not depend on their order (histogram counts, error
+ * bits) are used, so the schedule is identical run after run.
+ */
+#include "cuda/kernels.h"
+#include "internal.h"
+
+#define SCHED_THREADS 1024
+
+static __device__ __forceinline__ bool id_valid(int id, int experts) {
+  return id >= 0 && id < experts;
+}
+
+__global__ void __launch_bounds__(SCHED_THREADS) sched_count(sched_args a) {
+  extern __shared__ int hist[];
+  for (int e = threadIdx.x; e < a.experts_local; e += blockDim.x) hist[e] = 0;
+  __syncthreads();
+  int f = blockIdx.x * SCHED_CHUNK + threadIdx.x;
+  if (f < a.slots) {
+    int id = a.topk_ids[f];
+    if (!id_valid(id, a.experts)) {
+      atomicOr(a.status, MOK_DEVERR_EXPERT_ID);
+      atomicOr(a.sticky, MOK_DEVERR_EXPERT_ID);
+    } else {
+      int e = id - a.expert_base;
+      if (e >= 0 && e < a.experts_local) atomicAdd(&hist[e], 1);
+    }
+  }
+  __syncthreads();
+  for (int e = threadIdx.x; e < a.experts_local; e += blockDim.x)
+    a.chunk_counts[(size_t)blockIdx.x * a.experts_local + e] = hist[e];
+}
+
+/* Exclusive prefix sum over the block (one value per thread); returns the block total too. */
+static __device__ int block_exclusive_scan(int v, int *total) {
+  __shared__ int warp_sums[32];
+  int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  int x = v;
+  for (int o = 1; o < 32; o *= 2) {
+    int y = __shfl_up_sync(0xffffffffu, x, o);
+    if (lane >= o) x += y;
+  }
+  if (lane == 31) warp_sums[warp] = x;
+  __syncthreads();
+  if (warp == 0) {
+    int w = lane < (int)(blockDim.x / 32) ? warp_sums[lane] : 0;
+    for (int o = 1; o < 32; o *= 2) {
+      int y = __shfl_up_sync(0xffffffffu, w, o);
+      if (lane >= o) w += y;
+    }
+    warp_sums[lane] = w;  /* inclusive */
+  }
+  __syncthreads();
+  int before = (warp > 0 ? warp_sums[warp - 1] : 0) + x - v;
+  *total = warp_sums[blockDim.x / 32 - 1];
+  __syncthreads();
+  return before;
+}
+
+__global__ void __launch_bounds__(SCHED_THREADS) sched_scan(sched_args a, int chunks) {
+  const int E = a.experts_local;
+  /* Each thread owns a contiguous run of experts: chunk bases and padded sizes. */
+  const int per = (E + blockDim.x - 1) / blockDim.x;
+  const int e0 = threadIdx.x * per, e1 = min(E, e0 + per);
+  int mine = 0;
+  for (int e = e0; e < e1; e++) {
+    int run = 0;
+    for (int c = 0; c < chunks; c++) {
+      int *cc = &a.chunk_counts[(size_t)c * E + e];
+      int v = *cc;
+      *cc = run;
+      run += v;
+    }
+    a.counts[e] = run;
+    mine += (run + MOK_TILE_M - 1) / MOK_TILE_M * MOK_TILE_M;
+  }
+  int total;
+  int off = block_exclusive_scan(mine, &total);
+  for (int e = e0; e < e1; e++) {
+    a.offsets[e] = off;
+    off += (a.counts[e] + MOK_TILE_M - 1) / MOK_TILE_M * MOK_TILE_M;
+  }
+  if (threadIdx.x == 0) a.offsets[E] = total;
+  __syncthreads();
+  /* The expert of each 128-row block, and padding rows marked empty. */
+  for (int e = threadIdx.x; e < E; e += blockDim.x) {
+    int begin = a.offsets[e], end = a.offsets[e + 1];
+    for (int b = begin / MOK_TILE_M; b < end / MOK_TILE_M; b++) a.mblock_expert[b] = e;
+    for (int r = begin + a.counts[e]; r < end; r++) {
+      a.row_src[r] = -1;
+      a.row_weight[r] = 0.0f;
+    }
+  }
+  for (int b = total / MOK_TILE_M + threadIdx.x; b < a.rows_cap / MOK_TILE_M; b += blockDim.x)
+    a.mblock_expert[b] = -1;
+  for (int r = total + threadIdx.x; r < a.rows_cap; r += blockDim.x) {
+    a.row_src[r] = -1;
+    a.row_weight[r] = 0.0f;
+  }
+}
+
+__global__ void __launch_bounds__(SCHED_THREADS) sched_place(sched_args a) {
+  extern __shared__ int next_row[]; /* [E_local]: next free row of each expert in this chunk */
+  for (int e = threadIdx.x; e < a.experts_local; e += blockDim.x)
+    next_row[e] = a.offsets[e] + a.chunk_counts[(size_t)blockIdx.x * a.experts_local + e];
+  __syncthreads();
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int f = blockIdx.x * SCHED_CHUNK + threadIdx.x;
+  int key = -1; /* local expert, or -1: not ours / invalid / past the end */
+  if (f < a.slots) {
+    int id = a.topk_ids[f];
+    int e = id - a.expert_base;
+    if (id_valid(id, a.experts) && e >= 0 && e < a.experts_local) key = e;
+  }
+  /* Warps take turns so that rows follow slot order across the whole chunk. */
+  for (int w = 0; w < SCHED_THREADS / 32; w++) {
+    if (warp == w) {
+      unsigned peers = __match_any_sync(0xffffffffu, key);
+      int leader = __ffs(peers) - 1;
+      int rank = __popc(peers & ((1u << lane) - 1u));
+      int base = 0;
+      if (lane == leader && key >= 0) {
+        base = next_row[key];
+        next_row[key] = base + __popc(peers);
+      }
+      base = __shfl_sync(0xffffffffu, base, leader);
+      if (key >= 0) {
+        a.row_src[base + rank] = f;
+        a.row_weight[base + rank] = a.topk_weights[f];
+      }
+    }
+    __syncthreads();
+  }
+}
+
+cudaError_t schedule_launch(const sched_args *a, cudaStream_t stream) {
+  int chunks = (a->slots + SCHED_CHUNK - 1) / SCHED_CHUNK;
+  size_t smem = (size_t)a->experts_local * sizeof(int);
+  cudaError_t e = cudaMemsetAsync(a->status, 0, 4 * sizeof(int32_t), stream);
+  if (e != cudaSuccess) return e;
+  sched_count<<<chunks, SCHED_THREADS, smem, stream>>>(*a);
+  sched_scan<<<1, SCHED_THREADS, 0, stream>>>(*a, chunks);
+  sched_place<<<chunks, SCHED_THREADS, smem, stream>>>(*a);
+  return cudaGetLastError();
+}
