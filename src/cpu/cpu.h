@@ -1,0 +1,114 @@
+/*
+ * cpu.h: what the files of the CPU reference backend share: its workspace scratch, a view of the
+ * per-call `saved` buffer (pointers carved from mok_saved_layout_of, never from offsets computed
+ * here), and one function per step of the dataflow (DESIGN.md §2), in the order they run.
+ *
+ * Threads: every step runs in an OpenMP team of cpu_state.threads threads, and every output
+ * element (and every saved value) is computed whole by one thread in an order fixed by the
+ * source, so no bit depends on the thread count (D1, D2) or on the other tokens of the batch (D3).
+ */
+#ifndef MOK_CPU_H
+#define MOK_CPU_H
+
+#include <stdint.h>
+
+#include "internal.h"
+
+/* Scratch of one workspace, sized once for max_tokens by workspace_init (backend.c).
+ * Letters: T = max_tokens, R = rows_cap of a max_tokens call, I_m = max(I, I_s). */
+typedef struct cpu_state {
+  int threads;        /* team size of every parallel region */
+  int32_t sticky;     /* device-error bits raised since the last check (MOK_DEVERR_*) */
+  float *xf;          /* [T, H] x as fp32 (the dispatch reads rows of it by token) */
+  float *dyf;         /* [T, H] dy as fp32 */
+  float *side;        /* [T, H] shared expert's fp32 output: ys forward, dxs backward */
+  uint16_t *slot;     /* [T*k, H] bf16 per-slot rows: o forward, dxr backward */
+  float *hwf;         /* [R, I] hw of each routed row as fp32 (values of the saved bf16) */
+  float *dguf;        /* [R, 2I] bf16-rounded [dgate | dup] of each routed row, as fp32 */
+  float *hsf;         /* [T, I_s] hs as fp32 */
+  float *dgusf;       /* [T, 2I_s] bf16-rounded [dgate | dup] of the shared expert, as fp32 */
+  float *panel_gu;    /* [2 I_m, H] one expert's [W_gate; W_up] as fp32 */
+  float *panel_down;  /* [H, I_m] one expert's W_down as fp32 */
+  float *per_thread;  /* [threads, per_thread_len] row scratch of each thread */
+  int64_t per_thread_len;
+  int32_t *cursor;    /* [E_local] next free row of each expert while the schedule is built */
+  void *block;        /* the one allocation all of the above are carved from */
+} cpu_state;
+
+/* The `saved` buffer of one call, as typed pointers. Backward reads it through the same view
+ * (the const of mok_backward_args.saved is dropped here; backward never writes through it). */
+typedef struct cpu_saved {
+  int64_t rows_cap;
+  int32_t *status;        /* [4]; [0] = device-error bits of the call */
+  int32_t *counts;        /* [E_local] */
+  int32_t *offsets;       /* [E_local + 1] */
+  int32_t *row_src;       /* [rows_cap] slot t*k + j, -1 on padding */
+  float *row_weight;      /* [rows_cap] */
+  int32_t *mblock_expert; /* [rows_cap / MOK_TILE_M] */
+  uint16_t *gu;           /* [rows_cap, 2I] */
+  uint16_t *hw;           /* [rows_cap, I] */
+  uint16_t *gus;          /* [T, 2I_s] */
+  uint16_t *hs;           /* [T, I_s] */
+} cpu_saved;
+
+static inline cpu_state *cpu_state_of(const mok_workspace *ws) { return (cpu_state *)ws->backend; }
+/* common.c */
+cpu_saved cpu_saved_view(const mok_workspace *ws, const void *saved, int64_t tokens);
+
+/* ---- layer.c: the ops entry points, each the steps below in order ------------------------- */
+mok_status cpu_layer_schedule(mok_workspace *ws, const mok_forward_args *a, void *stream);
+mok_status cpu_layer_forward(mok_workspace *ws, const mok_forward_args *a, int compute_y,
+                             void *stream);
+mok_status cpu_layer_backward(mok_workspace *ws, const mok_backward_args *a, void *stream);
+
+/* ---- steps (one file each) ------------------------------------------------------------------ */
+/* schedule.c: checks every id, then writes status, counts, offsets, row_src, row_weight and
+ * mblock_expert. On a bad id: sets status[0] and the sticky bits, returns MOK_ERR_EXPERT_ID and
+ * writes nothing else. */
+mok_status cpu_schedule_build(mok_workspace *ws, const int32_t *topk_ids,
+                              const float *topk_weights, int64_t tokens, const cpu_saved *sv);
+
+/* common.c: dst[i] = (float)src[i] over n values, by a team of its own. */
+void cpu_bf16_to_f32(const mok_workspace *ws, float *dst, const uint16_t *src, int64_t n);
+
+/* expert.c: routed forward. gu and hw of every routed row into saved (padding rows zeroed);
+ * with compute_y, also o_r = bf16(W_down hw_r) into slot[t*k + j]. */
+void cpu_expert_forward(mok_workspace *ws, const mok_weights *w, const cpu_saved *sv,
+                        int compute_y);
+/* shared.c: shared expert forward (gus, hs into saved; with compute_y, ys into side) and
+ * backward (dxs into side, dgus into dgusf, hs into hsf). No-ops when I_s = 0. */
+void cpu_shared_forward(mok_workspace *ws, const mok_weights *w, const cpu_saved *sv,
+                        int64_t tokens, int compute_y);
+void cpu_shared_backward(mok_workspace *ws, const mok_weights *w, const cpu_saved *sv,
+                         int64_t tokens);
+/* backward.c: routed backward dgrad: d_topk_weights, dgu rows into dguf, hw rows into hwf, and
+ * dxr_r = bf16(W_gu^T dgu_r) into slot[t*k + j]. */
+void cpu_expert_backward(mok_workspace *ws, const mok_weights *w, const cpu_saved *sv,
+                         float *d_topk_weights);
+/* combine.c: out[t] = bf16(((side[t] or 0) + slot[t*k]) + ... + slot[t*k + k-1]). */
+void cpu_combine(mok_workspace *ws, int64_t tokens, int with_side, uint16_t *out);
+/* wgrad.c: the six weight gradients. */
+void cpu_weight_grads(mok_workspace *ws, const cpu_saved *sv, int64_t tokens,
+                      const mok_grads *g, mok_grad_mode mode);
+
+/* mlp.c: one row of one expert (routed or shared; w = 1 for the shared expert).
+ * Forward: gu[c] = bf16(x . Wgu[c]) for c < 2I, hw[i] = bf16(w silu(g_i) u_i), and when out is
+ * not NULL out[h] = W_down[h] . hw (fp32). hwf gets hw as fp32. */
+void cpu_mlp_forward_row(const float *x, const float *panel_gu, const float *panel_down,
+                         int64_t H, int64_t I, float w, uint16_t *gu, uint16_t *hw, float *hwf,
+                         float *out);
+/* Backward of one row from dy and the saved gu: returns <dh, silu(g) u> summed in 64-column
+ * chunks (the router gradient), writes dgu (bf16-rounded, as fp32) and dx[h] = W_gu^T dgu (fp32).
+ * scratch holds I floats. */
+float cpu_mlp_backward_row(const float *dy, const float *panel_gu, const float *panel_down,
+                           int64_t H, int64_t I, float w, const uint16_t *gu, float *scratch,
+                           float *dgu, float *dx);
+/* Converts one expert's weights (gate/up [I, H] each, down [H, I]) into the two panels, by the
+ * whole team (call from inside a parallel region; ends with a barrier). */
+void cpu_load_panels(const mok_workspace *ws, const uint16_t *w_gate, const uint16_t *w_up,
+                     const uint16_t *w_down, int64_t H, int64_t I);
+
+/* common.c: this thread's row scratch (per_thread_len floats). Call inside a parallel region. */
+float *cpu_thread_scratch(const mok_workspace *ws);
+
+#endif /* MOK_CPU_H */

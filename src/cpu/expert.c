@@ -1,0 +1,45 @@
+/*
+ * expert.c: steps 2 and 3 of the forward for routed rows: dispatch (a routed row reads its
+ * token's row of x, already fp32 in xf, by index: no copy is needed on one rank), the gate/up
+ * GEMM with the SwiGLU epilogue into `saved`, and the down GEMM into the row's slot t*k + j.
+ *
+ * Experts run one after another; the team converts the expert's weights to fp32 panels once, then
+ * splits its rows. Padding rows of gu and hw are zeroed so that `saved` is the same whatever it
+ * held before (recompute gives forward's bits).
+ */
+#include <string.h>
+
+#include "bf16.h"
+#include "cpu/cpu.h"
+
+void cpu_expert_forward(mok_workspace *ws, const mok_weights *w, const cpu_saved *sv,
+                        int compute_y) {
+  const cpu_state *st = cpu_state_of(ws);
+  const int64_t H = ws->shape.hidden, I = ws->shape.inter, k = ws->shape.top_k;
+  const uint16_t *wg = w->w_gate, *wu = w->w_up, *wd = w->w_down;
+
+  #pragma omp parallel num_threads(st->threads)
+  {
+    float *out = cpu_thread_scratch(ws); /* [H] */
+    for (int64_t e = 0; e < ws->experts_local; e++) {
+      const int64_t r0 = sv->offsets[e], n = sv->counts[e];
+      if (n == 0) continue; /* every thread sees the same counts: the barriers stay matched */
+      cpu_load_panels(ws, wg + e * I * H, wu + e * I * H, wd + e * H * I, H, I);
+      #pragma omp for schedule(static)
+      for (int64_t r = r0; r < r0 + n; r++) {
+        const int64_t s = sv->row_src[r], t = s / k;
+        cpu_mlp_forward_row(st->xf + t * H, st->panel_gu, st->panel_down, H, I,
+                            sv->row_weight[r], sv->gu + r * 2 * I, sv->hw + r * I,
+                            st->hwf + r * I, compute_y ? out : NULL);
+        if (compute_y)
+          for (int64_t h = 0; h < H; h++) st->slot[s * H + h] = f32_to_bf16(out[h]);
+      }
+    }
+    #pragma omp for schedule(static)
+    for (int64_t r = 0; r < sv->rows_cap; r++) {
+      if (sv->row_src[r] >= 0) continue;
+      memset(sv->gu + r * 2 * I, 0, (size_t)(2 * I) * sizeof(uint16_t));
+      memset(sv->hw + r * I, 0, (size_t)I * sizeof(uint16_t));
+    }
+  }
+}

@@ -1,0 +1,106 @@
+/*
+ * wgrad.c: the six weight gradients. Each output row is one thread's: it sums a[q] * b_q[0..len)
+ * over the expert's rows q in canonical order (ascending row of the segment; tokens in ascending
+ * order for the shared expert), then writes bf16(sum) or adds the sum once to the fp32 main grad.
+ *
+ *   dW_down[e][h, :] = sum_r dy_r[h]   hw_r[:]      dWs_down[h, :] = sum_t dy_t[h]    hs_t[:]
+ *   dW_gate[e][i, :] = sum_r dgate_r[i] x_r[:]      dWs_gate[i, :] = sum_t dgates_t[i] x_t[:]
+ *   dW_up[e][i, :]   = sum_r dup_r[i]   x_r[:]      dWs_up[i, :]   = sum_t dups_t[i]   x_t[:]
+ */
+#include "bf16.h"
+#include "cpu/cpu.h"
+#include "cpu/kernels.h"
+
+/* The rows one gradient row sums over: n rows; row q's scalar is a[q * a_stride] when a_tok is
+ * NULL, else a[tok(q) * a_stride]; its vector is b + q * b_stride, or b + tok(q) * b_stride when
+ * b_tok is set. tok(q) = src[q] / div: a routed row's token (div = k), from its slot id. */
+typedef struct row_set {
+  int64_t n;
+  const int32_t *src;
+  int64_t div;
+  const float *a;
+  int64_t a_stride;
+  int a_tok;
+  const float *b;
+  int64_t b_stride;
+  int b_tok;
+} row_set;
+
+static void sum_rows(float *acc, const row_set *rs, int64_t len) {
+  cpu_zero(acc, len);
+  int64_t q = 0;
+  for (; q < rs->n; q += 4) {
+    const int64_t m = rs->n - q < 4 ? rs->n - q : 4;
+    float a[4];
+    const float *b[4];
+    for (int64_t p = 0; p < m; p++) {
+      const int64_t tok = rs->src ? rs->src[q + p] / rs->div : q + p;
+      a[p] = rs->a[(rs->a_tok ? tok : q + p) * rs->a_stride];
+      b[p] = rs->b + (rs->b_tok ? tok : q + p) * rs->b_stride;
+    }
+    if (m == 4) {
+      cpu_axpy4(acc, a, b[0], b[1], b[2], b[3], len);
+    } else {
+      for (int64_t p = 0; p < m; p++) cpu_axpy(acc, a[p], b[p], len);
+    }
+  }
+}
+
+static void store(void *dw, int64_t at, const float *acc, int64_t len, mok_grad_mode mode) {
+  if (mode == MOK_GRAD_ACCUMULATE_F32) {
+    float *p = (float *)dw + at;
+    for (int64_t i = 0; i < len; i++) p[i] = p[i] + acc[i];
+  } else {
+    uint16_t *p = (uint16_t *)dw + at;
+    for (int64_t i = 0; i < len; i++) p[i] = f32_to_bf16(acc[i]);
+  }
+}
+
+/* The three gradients of one expert (routed, or the shared one) have H + 2 I output rows; row q
+ * < H is of dW_down, then I rows of dW_gate, then I of dW_up. `rows` gives the expert's rows with
+ * a and b left unset. */
+static void grad_row(int64_t q, row_set rows, int64_t H, int64_t I, const float *dy,
+                     const float *x, const float *hw, const float *dgu, void *dw_gate,
+                     void *dw_up, void *dw_down, int64_t e, mok_grad_mode mode, float *acc) {
+  if (q < H) {
+    rows.a = dy + q, rows.a_stride = H, rows.a_tok = 1;
+    rows.b = hw, rows.b_stride = I, rows.b_tok = 0;
+    sum_rows(acc, &rows, I);
+    store(dw_down, (e * H + q) * I, acc, I, mode);
+    return;
+  }
+  const int64_t i = (q - H) % I;
+  const int up = q - H >= I;
+  rows.a = dgu + (up ? I : 0) + i, rows.a_stride = 2 * I, rows.a_tok = 0;
+  rows.b = x, rows.b_stride = H, rows.b_tok = 1;
+  sum_rows(acc, &rows, H);
+  store(up ? dw_up : dw_gate, (e * I + i) * H, acc, H, mode);
+}
+
+void cpu_weight_grads(mok_workspace *ws, const cpu_saved *sv, int64_t tokens,
+                      const mok_grads *g, mok_grad_mode mode) {
+  const cpu_state *st = cpu_state_of(ws);
+  const int64_t H = ws->shape.hidden, I = ws->shape.inter, Is = ws->shape.shared_inter;
+  const int64_t k = ws->shape.top_k, El = ws->experts_local;
+  const int64_t per_expert = H + 2 * I, shared_rows = Is ? H + 2 * Is : 0;
+
+  #pragma omp parallel num_threads(st->threads)
+  {
+    float *acc = cpu_thread_scratch(ws); /* [max(H, I, I_s)] */
+    /* Rows differ in cost (H vs I long, segments of any size): hand them out dynamically;
+     * each is still computed whole by one thread, so the bits do not depend on who takes it. */
+    #pragma omp for schedule(dynamic, 4)
+    for (int64_t item = 0; item < El * per_expert + shared_rows; item++) {
+      if (item < El * per_expert) {
+        const int64_t e = item / per_expert, r0 = sv->offsets[e];
+        row_set rows = {sv->counts[e], sv->row_src + r0, k, NULL, 0, 0, NULL, 0, 0};
+        grad_row(item % per_expert, rows, H, I, st->dyf, st->xf, st->hwf + r0 * I,
+                 st->dguf + r0 * 2 * I, g->dw_gate, g->dw_up, g->dw_down, e, mode, acc);
+      } else {
+        row_set rows = {tokens, NULL, 1, NULL, 0, 0, NULL, 0, 0};
+        grad_row(item - El * per_expert, rows, H, Is, st->dyf, st->xf, st->hsf, st->dgusf,
+                 g->dws_gate, g->dws_up, g->dws_down, 0, mode, acc);
+      }
+    }
+  }
+}
