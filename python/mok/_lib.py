@@ -62,7 +62,7 @@ STATUS = {
 # ---- structs (field order and types exactly as in mok.h) ----------------------------------------
 class ContextConfig(ctypes.Structure):
     _fields_ = [("backend", c_int), ("device", c_int), ("ep_rank", c_int), ("ep_size", c_int),
-                ("threads", c_int)]
+                ("threads", c_int), ("sms", c_int)]
 
 
 class Shape(ctypes.Structure):

@@ -40,7 +40,7 @@ class Context:
             raise ValueError(f"backend is {backend!r}; expected 'cpu' or 'cuda'")
         self.backend, self.device = backend, int(device)
         self.threads = _cpu_threads() if threads is None else int(threads)
-        cfg = _lib.ContextConfig(BACKENDS[backend], self.device, 0, 1, self.threads)
+        cfg = _lib.ContextConfig(BACKENDS[backend], self.device, 0, 1, self.threads, 0)
         ptr = ctypes.c_void_p()
         check(lib.mok_context_create(ctypes.byref(cfg), ctypes.byref(ptr)), "mok_context_create")
         self.ptr, self._destroy = ptr.value, lib.mok_context_destroy
@@ -85,8 +85,11 @@ class Workspace:
 
     def saved_bytes(self, tokens):
         n = lib.mok_saved_bytes(self.ptr, int(tokens))
-        if n == 0:
-            raise ValueError(f"tokens is {tokens}; expected 1..max_tokens ({self.max_tokens})")
+        if n == 0:  # mok_saved_bytes reports a bad count by returning 0
+            raise _lib.MokInvalidArgument(
+                1, "MOK_ERR_INVALID_ARG",
+                f"tokens is {tokens}; expected 1..max_tokens ({self.max_tokens})",
+                "mok_saved_bytes")
         return n
 
     # Each call takes integer addresses (0 = NULL) and the stream as an integer (0 = default).
