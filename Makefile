@@ -56,7 +56,7 @@ build/tests/gpu/%.o: tests/gpu/%.cu $(wildcard include/*.h src/*.h src/cuda/*.cu
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -Itests -c $< -o $@
 
-build/test_gpu: $(GPU_OBJ) build/libmok.a
+build/test_gpu: $(GPU_OBJ) build/tests/harness.o build/libmok.a
 	$(CC) -o $@ $^ $(LDLIBS)
 
 test: all build/test_mok build/test_gpu

@@ -34,6 +34,12 @@ static mok_status cuda_fail(cudaError_t e, const char *what) {
     if (e_ != cudaSuccess) return cuda_fail(e_, what); \
   } while (0)
 
+#define TRY(expr)                  \
+  do {                             \
+    mok_status st_ = (expr);       \
+    if (st_ != MOK_OK) return st_; \
+  } while (0)
+
 /* Makes the context's device current for the length of a call and restores the caller's. */
 typedef struct device_guard {
   int prev, ok;
@@ -63,6 +69,13 @@ static mok_status cuda_context_init(mok_context *ctx) {
     return mok_fail(MOK_ERR_UNSUPPORTED,
                     "device %d (%s) is sm_%d%d; mok's kernels need sm_90 (Hopper)", dev, p.name,
                     p.major, p.minor);
+  if (tma_init() != 0)
+    return mok_fail(MOK_ERR_UNSUPPORTED, "the CUDA driver has no cuTensorMapEncodeTiled (need 12.0+)");
+  device_guard g;
+  TRY(device_enter(ctx, &g));
+  cudaError_t e = gemm_init();
+  device_leave(ctx, &g);
+  if (e != cudaSuccess) return cuda_fail(e, "GEMM kernel attributes");
   ctx->sm_count = p.multiProcessorCount;
   if (ctx->cfg.sms > 0 && ctx->cfg.sms < ctx->sm_count) ctx->sm_count = ctx->cfg.sms;
   return MOK_OK;
@@ -204,12 +217,6 @@ static mok_status check_device(const void *p, const char *name) {
                     "%s (%p) is host memory; the CUDA backend needs device pointers", name, p);
   return MOK_OK;
 }
-
-#define TRY(expr)                  \
-  do {                             \
-    mok_status st_ = (expr);       \
-    if (st_ != MOK_OK) return st_; \
-  } while (0)
 
 static mok_status check_weights_device(const mok_weights *w) {
   TRY(check_device(w->w_gate, "w.w_gate"));
@@ -491,7 +498,7 @@ static mok_status backward_on_device(mok_workspace *ws, const mok_backward_args 
   CUDA_TRY(combine_launch(status_of(&c), c.T, c.k, c.H, c.Is ? dxs : NULL, slots,
                           (__nv_bfloat16 *)a->dx, c.stream),
            "combine");
-  CUDA_TRY(router_grad_launch(status_of(&c), c.T * c.k, c.I / 64, part, a->d_topk_weights,
+  CUDA_TRY(router_grad_launch(status_of(&c), AT(c.scratch, c.L->sticky, int32_t), c.T * c.k, c.I / 64, part, a->d_topk_weights,
                               c.stream),
            "router gradient");
   return MOK_OK;

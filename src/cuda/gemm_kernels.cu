@@ -246,12 +246,22 @@ KERNEL gemm_wgrad(const __grid_constant__ gemm_args g) {
 }
 
 /* ---- launchers ------------------------------------------------------------------------------ */
+/* Raises the kernels' shared-memory limit; once per device, outside any graph capture. */
+cudaError_t gemm_init(void) {
+  static_assert(GEMM_SMEM_BYTES <= 227 * 1024, "GEMM shared memory exceeds the sm_90 limit");
+  const void *fns[] = {(const void *)gemm_fwd_gateup, (const void *)gemm_fwd_down,
+                       (const void *)gemm_dgrad_down, (const void *)gemm_dgrad_gateup,
+                       (const void *)gemm_wgrad};
+  for (size_t i = 0; i < sizeof fns / sizeof fns[0]; i++) {
+    cudaError_t e = cudaFuncSetAttribute(fns[i], cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         (int)GEMM_SMEM_BYTES);
+    if (e != cudaSuccess) return e;
+  }
+  return cudaSuccess;
+}
+
 static cudaError_t launch(const void *fn, const gemm_args *g, int tiles_max, int sm_count,
                           cudaStream_t stream) {
-  static_assert(GEMM_SMEM_BYTES <= 227 * 1024, "GEMM shared memory exceeds the sm_90 limit");
-  cudaError_t e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       (int)GEMM_SMEM_BYTES);
-  if (e != cudaSuccess) return e;
   int grid = tiles_max < sm_count ? tiles_max : sm_count;
   if (grid < 1) grid = 1;
   void *params[] = {(void *)g};

@@ -56,9 +56,12 @@ typedef struct gemm_args {
   int accumulate;   /* weight gradients: 1 = fp32 out += acc, 0 = bf16 out = acc */
 } gemm_args;
 
+cudaError_t gemm_init(void); /* once per device, before any launch */
 cudaError_t gemm_launch(gemm_kind kind, const gemm_args *g, int sm_count, cudaStream_t stream);
 
 /* ---- tensor maps (tma.cu) ------------------------------------------------------------------- */
+/* Looks up the driver's encoder; 0 on success. Called at context creation, outside any capture. */
+int tma_init(void);
 /* 2D map of a row-major bf16 matrix [rows, cols], box [box_rows][64 cols], 128B swizzle. */
 int tma_map_2d(CUtensorMap *map, const void *base, int64_t rows, int64_t cols, int box_rows);
 /* 3D map of row-major bf16 [batch, rows, cols], box [1][box_rows][64 cols], 128B swizzle. */
@@ -92,8 +95,9 @@ cudaError_t dispatch_launch(const int32_t *status, const int32_t *offsets, int e
 /* y[t] = bf16(((base[t] + slot[t,0]) + slot[t,1]) + ...), base fp32 or NULL (zero). */
 cudaError_t combine_launch(const int32_t *status, int T, int k, int H, const float *base,
                            const __nv_bfloat16 *slots, __nv_bfloat16 *out, cudaStream_t stream);
-/* d_topk_weights[s] = sum over chunks c ascending of part[s, c]. */
-cudaError_t router_grad_launch(const int32_t *status, int slots, int chunks, const float *part,
+/* d_topk_weights[s] = sum over chunks c ascending of part[s, c]. Also copies the call's error
+ * bits into `sticky`, so a backward on a failed forward's saved buffer is reported again. */
+cudaError_t router_grad_launch(const int32_t *status, int32_t *sticky, int slots, int chunks, const float *part,
                                float *out, cudaStream_t stream);
 
 #endif /* MOK_CUDA_KERNELS_H */

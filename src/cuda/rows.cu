@@ -62,8 +62,12 @@ combine_rows(const int32_t *status, int T, int k, int H, const float *base, cons
 }
 
 __global__ void __launch_bounds__(ROWS_THREADS)
-router_grad(const int32_t *status, int slots, int chunks, const float *part, float *out) {
-  if (*status) return;
+router_grad(const int32_t *status, int32_t *sticky, int slots, int chunks, const float *part,
+            float *out) {
+  if (*status) {
+    if (blockIdx.x == 0 && threadIdx.x == 0) atomicOr(sticky, *status);
+    return;
+  }
   for (int s = blockIdx.x * blockDim.x + threadIdx.x; s < slots; s += gridDim.x * blockDim.x) {
     float acc = 0.0f;
     for (int c = 0; c < chunks; c++) acc += part[(size_t)s * chunks + c];
@@ -93,9 +97,9 @@ cudaError_t combine_launch(const int32_t *status, int T, int k, int H, const flo
   return cudaGetLastError();
 }
 
-cudaError_t router_grad_launch(const int32_t *status, int slots, int chunks, const float *part,
-                               float *out, cudaStream_t stream) {
-  router_grad<<<grid_for(slots, ROWS_THREADS), ROWS_THREADS, 0, stream>>>(status, slots, chunks,
-                                                                         part, out);
+cudaError_t router_grad_launch(const int32_t *status, int32_t *sticky, int slots, int chunks,
+                               const float *part, float *out, cudaStream_t stream) {
+  router_grad<<<grid_for(slots, ROWS_THREADS), ROWS_THREADS, 0, stream>>>(status, sticky, slots,
+                                                                         chunks, part, out);
   return cudaGetLastError();
 }

@@ -22,6 +22,8 @@ static PFN_cuTensorMapEncodeTiled_v12000 encode_fn(void) {
   return fn;
 }
 
+int tma_init(void) { return encode_fn() ? 0 : -1; }
+
 static int encode(CUtensorMap *map, const void *base, int rank, const cuuint64_t *dims,
                   const cuuint64_t *strides, const cuuint32_t *box) {
   PFN_cuTensorMapEncodeTiled_v12000 fn = encode_fn();

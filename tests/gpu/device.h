@@ -1,0 +1,55 @@
+/*
+ * device.h: the GPU tests' twin of tests/harness.h. A gpu_layer holds device copies of a
+ * harness's inputs and every output; gpu_fetch copies the outputs back into a host harness so
+ * that GPU and CPU results (or two GPU runs) are compared with the same code.
+ */
+#ifndef MOK_TESTS_GPU_DEVICE_H
+#define MOK_TESTS_GPU_DEVICE_H
+
+#include <cuda_runtime.h>
+
+#include "harness.h"
+
+typedef struct gpu_layer {
+  mok_context *ctx;
+  mok_workspace *ws;
+  int64_t T;
+  const harness *src;           /* the inputs' host copy */
+  void *x, *dy, *ids, *tw;      /* inputs */
+  void *w[G_COUNT];             /* weights, in the order of the gradients */
+  void *y, *dx, *dtw, *saved;   /* outputs */
+  void *g[G_COUNT];             /* gradients, room for fp32 */
+  size_t saved_bytes;
+} gpu_layer;
+
+/* Device copies of h's inputs (first T tokens), a CUDA context spread over `sms`
+ * multiprocessors (0 = all) and a workspace of h's shape. Returns 0 after recording a failure. */
+int gpu_init(gpu_layer *d, const harness *h, int64_t T, int sms);
+void gpu_fini(gpu_layer *d);
+
+mok_forward_args gpu_forward_args(const gpu_layer *d);
+mok_backward_args gpu_backward_args(const gpu_layer *d, mok_grad_mode mode);
+/* Every output filled with the byte `pattern` (0xff makes bf16 and fp32 NaNs). */
+void gpu_poison(gpu_layer *d, unsigned char pattern);
+/* fp32 gradients set to the values in h (for MOK_GRAD_ACCUMULATE_F32 runs). */
+void gpu_set_grads(gpu_layer *d, const harness *h);
+/* Forward then backward on `stream`; first failing status. */
+mok_status gpu_run(gpu_layer *d, mok_grad_mode mode, cudaStream_t stream);
+/* Waits for the device and copies every output into h's output buffers (h->T must be d->T). */
+void gpu_fetch(const gpu_layer *d, harness *h);
+
+/* Bitwise comparison of two host buffers; records a failure naming the first differing byte. */
+int same_bits(const char *what, const void *a, const void *b, size_t bytes);
+/* Relative error of a bf16 / fp32 tensor against a reference of the same type. */
+double rel_err_bf16(const uint16_t *out, const uint16_t *ref, size_t n);
+double rel_err_f32(const float *out, const float *ref, size_t n);
+/* Counts NaNs (unwritten poisoned elements show as NaN). */
+size_t nan_count_bf16(const uint16_t *p, size_t n);
+
+#define CUDA_CHECK(expr)                                                                   \
+  do {                                                                                     \
+    cudaError_t e_ = (expr);                                                               \
+    CHECK(e_ == cudaSuccess, "%s: %s", #expr, cudaGetErrorString(e_));                     \
+  } while (0)
+
+#endif

@@ -1,2 +1,0 @@
-#include "check.h"
-const test_case tests_gpu_gemm[] = {{NULL, NULL}};

@@ -1,0 +1,484 @@
+/*
+ * test_layer.c: the CUDA backend against the CPU reference and against itself (DESIGN §6):
+ * schedule equality, every output and saved activation vs the CPU backend on small odd shapes,
+ * the DESIGN §7 shapes at reduced T vs the float64 checker, poisoned outputs, D1 repeats, the D2
+ * knob sweep, D3 batch subsets, bad expert ids, recompute, CUDA graph capture and replay.
+ * Every run starts from outputs poisoned with NaN bytes, so an unwritten element fails.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bf16.h"
+#include "check.h"
+#include "cpu/ref64.h"
+#include "device.h"
+#include "internal.h"
+
+#define TOL 1e-2 /* bf16-level: accumulation order may flip a rounding, a bug moves O(1) */
+
+static mok_shape shape_of(int64_t T, int64_t H, int64_t I, int64_t Is, int E, int k) {
+  mok_shape s = MOK_SHAPE_INIT;
+  s.max_tokens = T;
+  s.hidden = H;
+  s.inter = I;
+  s.shared_inter = Is;
+  s.experts = E;
+  s.top_k = k;
+  return s;
+}
+
+/* Deterministic fp32 starting values for accumulate-mode gradients. */
+static void fill_grads(harness *h) {
+  for (int i = 0; i < G_COUNT; i++)
+    for (int64_t j = 0; j < h->g_len[i]; j++)
+      ((float *)h->g[i])[j] = (float)((j * 2654435761u) % 2001) * 1e-4f - 0.1f;
+}
+
+static int64_t grad_bytes(const harness *h, int i, mok_grad_mode mode) {
+  return h->g_len[i] * (mode == MOK_GRAD_ACCUMULATE_F32 ? 4 : 2);
+}
+
+static const char *grad_name[G_COUNT] = {"dw_gate", "dw_up", "dw_down",
+                                         "dws_gate", "dws_up", "dws_down"};
+
+/* Every output of `out` (GPU) against `ref` (CPU) by relative error, plus NaN checks. */
+static void compare_outputs(const char *tag, const harness *out, const harness *ref,
+                            mok_grad_mode mode) {
+  const mok_shape *s = &ref->L.shape;
+  const size_t TH = (size_t)(ref->T * s->hidden), Tk = (size_t)(ref->T * s->top_k);
+  double e;
+  CHECK(nan_count_bf16(out->y, TH) == 0, "%s: y has %zu unwritten/NaN", tag,
+        nan_count_bf16(out->y, TH));
+  CHECK((e = rel_err_bf16(out->y, ref->y, TH)) < TOL, "%s: y rel err %.3g", tag, e);
+  CHECK((e = rel_err_bf16(out->dx, ref->dx, TH)) < TOL, "%s: dx rel err %.3g", tag, e);
+  CHECK((e = rel_err_f32(out->dtw, ref->dtw, Tk)) < TOL, "%s: d_topk_weights rel err %.3g", tag,
+        e);
+  for (int i = 0; i < G_COUNT; i++) {
+    if (!ref->g_len[i]) continue;
+    size_t n = (size_t)ref->g_len[i];
+    e = mode == MOK_GRAD_ACCUMULATE_F32 ? rel_err_f32(out->g[i], ref->g[i], n)
+                                        : rel_err_bf16(out->g[i], ref->g[i], n);
+    CHECK(e < TOL, "%s: %s rel err %.3g", tag, grad_name[i], e);
+  }
+  /* The saved activations: every GEMM output that backward reads. */
+  mok_saved_layout S = mok_saved_layout_of(ref->ws, ref->T);
+  const int32_t *off = (const int32_t *)((const char *)ref->saved + S.offsets);
+  size_t rows = (size_t)off[ref->ws->experts_local];
+  const char *a = out->saved, *b = ref->saved;
+  CHECK((e = rel_err_bf16((const uint16_t *)(a + S.gu), (const uint16_t *)(b + S.gu),
+                          rows * 2 * s->inter)) < TOL, "%s: saved gu rel err %.3g", tag, e);
+  CHECK((e = rel_err_bf16((const uint16_t *)(a + S.hw), (const uint16_t *)(b + S.hw),
+                          rows * s->inter)) < TOL, "%s: saved hw rel err %.3g", tag, e);
+  if (s->shared_inter) {
+    CHECK((e = rel_err_bf16((const uint16_t *)(a + S.gus), (const uint16_t *)(b + S.gus),
+                            TH / s->hidden * 2 * s->shared_inter)) < TOL,
+          "%s: saved gus rel err %.3g", tag, e);
+  }
+}
+
+/* The schedule fields of two saved buffers are identical (integers and copied weights). */
+static void compare_schedule(const char *tag, const harness *out, const harness *ref) {
+  mok_saved_layout S = mok_saved_layout_of(ref->ws, ref->T);
+  const char *a = out->saved, *b = ref->saved;
+  char what[160];
+  int64_t E = ref->ws->experts_local;
+  snprintf(what, sizeof what, "%s: status", tag);
+  same_bits(what, a + S.status, b + S.status, 4);
+  snprintf(what, sizeof what, "%s: counts", tag);
+  same_bits(what, a + S.counts, b + S.counts, (size_t)E * 4);
+  snprintf(what, sizeof what, "%s: offsets", tag);
+  same_bits(what, a + S.offsets, b + S.offsets, (size_t)(E + 1) * 4);
+  snprintf(what, sizeof what, "%s: row_src", tag);
+  same_bits(what, a + S.row_src, b + S.row_src, (size_t)S.rows_cap * 4);
+  snprintf(what, sizeof what, "%s: row_weight", tag);
+  same_bits(what, a + S.row_weight, b + S.row_weight, (size_t)S.rows_cap * 4);
+  snprintf(what, sizeof what, "%s: mblock_expert", tag);
+  same_bits(what, a + S.mblock_expert, b + S.mblock_expert, (size_t)S.rows_cap / 128 * 4);
+}
+
+/* Outputs of two runs are the same to the bit (y, dx, d_topk_weights, gradients). */
+static void compare_bits(const char *tag, const harness *a, const harness *b, mok_grad_mode mode) {
+  const mok_shape *s = &a->L.shape;
+  char what[160];
+  snprintf(what, sizeof what, "%s: y", tag);
+  same_bits(what, a->y, b->y, (size_t)(a->T * s->hidden) * 2);
+  snprintf(what, sizeof what, "%s: dx", tag);
+  same_bits(what, a->dx, b->dx, (size_t)(a->T * s->hidden) * 2);
+  snprintf(what, sizeof what, "%s: d_topk_weights", tag);
+  same_bits(what, a->dtw, b->dtw, (size_t)(a->T * s->top_k) * 4);
+  for (int i = 0; i < G_COUNT; i++) {
+    if (!a->g_len[i]) continue;
+    snprintf(what, sizeof what, "%s: %s", tag, grad_name[i]);
+    same_bits(what, a->g[i], b->g[i], (size_t)grad_bytes(a, i, mode));
+  }
+}
+
+/* Runs the layer on the CPU (into ref) and the GPU (into out), both from poisoned outputs. */
+static void run_both(harness *ref, harness *out, mok_grad_mode mode, int sms) {
+  gpu_layer d;
+  if (!gpu_init(&d, ref, ref->T, sms)) {
+    gpu_fini(&d);
+    return;
+  }
+  harness_poison(ref, 0xff);
+  if (mode == MOK_GRAD_ACCUMULATE_F32) fill_grads(ref);
+  gpu_poison(&d, 0xff);
+  if (mode == MOK_GRAD_ACCUMULATE_F32) gpu_set_grads(&d, ref);
+  CHECK_OK(harness_run(ref, mode));
+  CHECK_OK(gpu_run(&d, mode, 0));
+  gpu_fetch(&d, out);
+  CHECK_OK(mok_check(d.ws, 0));
+  gpu_fini(&d);
+}
+
+typedef struct small_case {
+  int64_t T, H, I, Is;
+  int E, k;
+} small_case;
+
+/* Odd sizes: tiles that overhang H and I, one expert, T = 1, a shared expert of another I. */
+static const small_case small_cases[] = {
+    {300, 192, 320, 0, 8, 2},   {1, 64, 64, 64, 4, 4},     {257, 384, 128, 192, 16, 8},
+    {130, 128, 64, 0, 1, 1},    {77, 320, 192, 64, 5, 3},  {513, 256, 448, 128, 32, 4},
+};
+
+static void layer_vs_cpu(void) {
+  for (size_t c = 0; c < sizeof small_cases / sizeof small_cases[0]; c++) {
+    const small_case *sc = &small_cases[c];
+    for (int m = 0; m < 2; m++) {
+      mok_grad_mode mode = m ? MOK_GRAD_ACCUMULATE_F32 : MOK_GRAD_WRITE_BF16;
+      mok_shape s = shape_of(sc->T, sc->H, sc->I, sc->Is, sc->E, sc->k);
+      harness ref, out;
+      int ok = harness_init(&ref, &s, sc->T, 100 + c, 0) && harness_init(&out, &s, sc->T, 100 + c, 0);
+      if (ok) {
+        char tag[96];
+        snprintf(tag, sizeof tag, "T%lld H%lld I%lld Is%lld E%d k%d %s", (long long)sc->T,
+                 (long long)sc->H, (long long)sc->I, (long long)sc->Is, sc->E, sc->k,
+                 m ? "f32acc" : "bf16");
+        run_both(&ref, &out, mode, 0);
+        compare_schedule(tag, &out, &ref);
+        compare_outputs(tag, &out, &ref, mode);
+      }
+      harness_fini(&ref);
+      harness_fini(&out);
+    }
+  }
+}
+
+/* Routing edge cases: all tokens on one expert (others empty), segments of exactly 128 and 129
+ * rows, duplicate ids within a token. */
+static void routing_edges(void) {
+  mok_shape s = shape_of(257, 128, 128, 0, 4, 2);
+  for (int variant = 0; variant < 3; variant++) {
+    harness ref, out;
+    if (harness_init(&ref, &s, 257, 7 + variant, 0) && harness_init(&out, &s, 257, 7 + variant, 0)) {
+      for (int64_t t = 0; t < 257; t++)
+        for (int j = 0; j < 2; j++) {
+          int32_t id;
+          if (variant == 0) id = 0;                                  /* one expert, 514 rows */
+          else if (variant == 1) id = t < 128 ? j : (t < 257 ? 2 + j : 0); /* 128 and 129 rows */
+          else id = (int32_t)(t % 4);                                /* duplicates: j0 == j1 */
+          ref.L.topk_ids[t * 2 + j] = out.L.topk_ids[t * 2 + j] = id;
+        }
+      char tag[32];
+      snprintf(tag, sizeof tag, "routing variant %d", variant);
+      run_both(&ref, &out, MOK_GRAD_WRITE_BF16, 0);
+      compare_schedule(tag, &out, &ref);
+      compare_outputs(tag, &out, &ref, MOK_GRAD_WRITE_BF16);
+    }
+    harness_fini(&ref);
+    harness_fini(&out);
+  }
+}
+
+/* DESIGN §7 shapes with their full H, I, E, k at reduced T, against the float64 checker on
+ * sampled tokens and gradient rows. */
+typedef struct design_shape {
+  const char *name;
+  int64_t H, I, Is;
+  int E, k;
+} design_shape;
+
+static const design_shape design_shapes[] = {
+    {"dsv3", 7168, 2048, 2048, 32, 8},          {"qwen3-30b-a3b", 2048, 768, 0, 128, 8},
+    {"qwen3-235b", 4096, 1536, 0, 128, 8},      {"mixtral-8x7b", 4096, 14336, 0, 8, 2},
+    {"gpt-oss-120b", 2880, 2880, 0, 128, 4},    {"fine-7b", 1536, 256, 0, 128, 8},
+};
+
+static void design_shapes_vs_ref64(void) {
+  const int64_t T = 256;
+  for (size_t c = 0; c < sizeof design_shapes / sizeof design_shapes[0]; c++) {
+    const design_shape *ds = &design_shapes[c];
+    mok_shape s = shape_of(T, ds->H, ds->I, ds->Is, ds->E, ds->k);
+    harness out;
+    if (!harness_init(&out, &s, T, 500 + c, 0)) {
+      harness_fini(&out);
+      continue;
+    }
+    gpu_layer d;
+    if (gpu_init(&d, &out, T, 0)) {
+      gpu_poison(&d, 0xff);
+      CHECK_OK(gpu_run(&d, MOK_GRAD_WRITE_BF16, 0));
+      gpu_fetch(&d, &out);
+      CHECK_OK(mok_check(d.ws, 0));
+    }
+    gpu_fini(&d);
+    const int64_t H = ds->H, k = ds->k;
+    CHECK(nan_count_bf16(out.y, (size_t)(T * H)) == 0, "%s: y unwritten", ds->name);
+    CHECK(nan_count_bf16(out.dx, (size_t)(T * H)) == 0, "%s: dx unwritten", ds->name);
+    /* Sampled tokens. */
+    enum { NT = 6 };
+    const int64_t toks[NT] = {0, 1, T / 3, T / 2, T - 2, T - 1};
+    rel_err ey = {0, 0}, edx = {0, 0}, edw = {0, 0};
+    double *buf = malloc(sizeof(double) * NT * (2 * H + k));
+#pragma omp parallel for schedule(dynamic)
+    for (int i = 0; i < NT; i++)
+      mok_ref64_token(&out.L, toks[i], buf + i * (2 * H + k), buf + i * (2 * H + k) + H,
+                      buf + i * (2 * H + k) + 2 * H);
+    for (int i = 0; i < NT; i++) {
+      const double *r = buf + i * (2 * H + k);
+      for (int64_t h = 0; h < H; h++) {
+        rel_err_add(&ey, bf16_to_f32(out.y[toks[i] * H + h]), r[h]);
+        rel_err_add(&edx, bf16_to_f32(out.dx[toks[i] * H + h]), r[H + h]);
+      }
+      for (int64_t j = 0; j < k; j++) rel_err_add(&edw, out.dtw[toks[i] * k + j], r[2 * H + j]);
+    }
+    free(buf);
+    CHECK(rel_err_value(&ey) < TOL, "%s: y rel err %.3g", ds->name, rel_err_value(&ey));
+    CHECK(rel_err_value(&edx) < TOL, "%s: dx rel err %.3g", ds->name, rel_err_value(&edx));
+    CHECK(rel_err_value(&edw) < TOL, "%s: d_topk_weights rel err %.3g", ds->name,
+          rel_err_value(&edw));
+    /* One row of each weight gradient, for the expert of token 0's first slot. */
+    const int64_t e = out.L.topk_ids[0];
+    const int64_t ncols[G_COUNT] = {H, H, ds->I, H, H, ds->Is};
+    const int64_t rowsel[G_COUNT] = {ds->I / 2, 3, H - 1, ds->Is / 3, ds->Is - 1, 5};
+    for (int g = 0; g < G_COUNT; g++) {
+      if (!out.g_len[g]) continue;
+      double *r = malloc(sizeof(double) * ncols[g]);
+      mok_ref64_grad_row(&out.L, (mok_ref_grad)g, e, rowsel[g], r);
+      const uint16_t *gp = (const uint16_t *)out.g[g] +
+                           (g < GS_GATE ? e * (out.g_len[g] / ds->E) : 0) + rowsel[g] * ncols[g];
+      rel_err re = {0, 0};
+      for (int64_t j = 0; j < ncols[g]; j++) rel_err_add(&re, bf16_to_f32(gp[j]), r[j]);
+      free(r);
+      CHECK(rel_err_value(&re) < TOL, "%s: %s row rel err %.3g", ds->name, grad_name[g],
+            rel_err_value(&re));
+    }
+    harness_fini(&out);
+  }
+}
+
+/* Runs the GPU layer on h's inputs with `sms` multiprocessors into `out`. */
+static void gpu_once(harness *h, harness *out, int sms, mok_grad_mode mode) {
+  gpu_layer d;
+  if (gpu_init(&d, h, h->T, sms)) {
+    gpu_poison(&d, 0xff);
+    if (mode == MOK_GRAD_ACCUMULATE_F32) gpu_set_grads(&d, h);
+    CHECK_OK(gpu_run(&d, mode, 0));
+    gpu_fetch(&d, out);
+  }
+  gpu_fini(&d);
+}
+
+/* D1: three runs give the same bits; D2: so does every grid size. */
+static void repeat_and_knobs(void) {
+  mok_shape s = shape_of(700, 512, 384, 256, 16, 4);
+  harness h, a, b;
+  if (harness_init(&h, &s, 700, 42, 0) && harness_init(&a, &s, 700, 42, 0) &&
+      harness_init(&b, &s, 700, 42, 0)) {
+    fill_grads(&h);
+    gpu_once(&h, &a, 0, MOK_GRAD_ACCUMULATE_F32);
+    for (int r = 0; r < 2; r++) {
+      gpu_once(&h, &b, 0, MOK_GRAD_ACCUMULATE_F32);
+      compare_bits("D1 repeat", &b, &a, MOK_GRAD_ACCUMULATE_F32);
+      same_bits("D1 saved", b.saved, a.saved, a.saved_bytes);
+    }
+    const int sms[] = {97, 33, 8, 1};
+    for (size_t i = 0; i < sizeof sms / sizeof sms[0]; i++) {
+      char tag[32];
+      snprintf(tag, sizeof tag, "D2 sms=%d", sms[i]);
+      gpu_once(&h, &b, sms[i], MOK_GRAD_ACCUMULATE_F32);
+      compare_bits(tag, &b, &a, MOK_GRAD_ACCUMULATE_F32);
+    }
+  }
+  harness_fini(&h);
+  harness_fini(&a);
+  harness_fini(&b);
+}
+
+/* D3: a token's y, dx and d_topk_weights do not depend on the rest of the batch. */
+static void batch_subsets(void) {
+  mok_shape s = shape_of(600, 256, 192, 128, 8, 2);
+  harness full, fo, sub, so;
+  const int64_t Ts = 171; /* tokens 3, 6, 9, ... of the full batch */
+  if (harness_init(&full, &s, 600, 77, 0) && harness_init(&fo, &s, 600, 77, 0) &&
+      harness_init(&sub, &s, Ts, 77, 0) && harness_init(&so, &s, Ts, 77, 0)) {
+    const int64_t H = s.hidden, k = s.top_k;
+    for (int64_t i = 0; i < Ts; i++) {
+      int64_t t = 3 * (i + 1);
+      memcpy(sub.L.x + i * H, full.L.x + t * H, (size_t)H * 2);
+      memcpy(sub.L.dy + i * H, full.L.dy + t * H, (size_t)H * 2);
+      memcpy(sub.L.topk_ids + i * k, full.L.topk_ids + t * k, (size_t)k * 4);
+      memcpy(sub.L.topk_weights + i * k, full.L.topk_weights + t * k, (size_t)k * 4);
+    }
+    gpu_once(&full, &fo, 0, MOK_GRAD_WRITE_BF16);
+    gpu_once(&sub, &so, 0, MOK_GRAD_WRITE_BF16);
+    for (int64_t i = 0; i < Ts; i++) {
+      int64_t t = 3 * (i + 1);
+      char tag[64];
+      snprintf(tag, sizeof tag, "D3 token %lld y", (long long)t);
+      if (!same_bits(tag, so.y + i * H, fo.y + t * H, (size_t)H * 2)) break;
+      snprintf(tag, sizeof tag, "D3 token %lld dx", (long long)t);
+      if (!same_bits(tag, so.dx + i * H, fo.dx + t * H, (size_t)H * 2)) break;
+      snprintf(tag, sizeof tag, "D3 token %lld d_topk_weights", (long long)t);
+      if (!same_bits(tag, so.dtw + i * k, fo.dtw + t * k, (size_t)k * 4)) break;
+    }
+  }
+  harness_fini(&full);
+  harness_fini(&fo);
+  harness_fini(&sub);
+  harness_fini(&so);
+}
+
+/* A bad expert id: the calls queue fine, mok_check reports it, every output is untouched; the
+ * backward on that saved buffer is reported again; the next good call works. */
+static void bad_expert_id(void) {
+  mok_shape s = shape_of(200, 128, 128, 64, 8, 2);
+  harness h, out, poison;
+  if (harness_init(&h, &s, 200, 9, 0) && harness_init(&out, &s, 200, 9, 0) &&
+      harness_init(&poison, &s, 200, 9, 0)) {
+    harness_poison(&poison, 0xa5);
+    const int32_t bad[2] = {8, -1};
+    for (int v = 0; v < 2; v++) {
+      h.L.topk_ids[17] = bad[v];
+      gpu_layer d;
+      if (gpu_init(&d, &h, 200, 0)) {
+        gpu_poison(&d, 0xa5);
+        mok_forward_args f = gpu_forward_args(&d);
+        CHECK_OK(mok_forward(d.ws, &f, 0));
+        mok_status st = mok_check(d.ws, 0);
+        CHECK(st == MOK_ERR_EXPERT_ID, "forward with id %d: mok_check gave %s", bad[v],
+              mok_status_name(st));
+        mok_backward_args b = gpu_backward_args(&d, MOK_GRAD_WRITE_BF16);
+        CHECK_OK(mok_backward(d.ws, &b, 0));
+        st = mok_check(d.ws, 0);
+        CHECK(st == MOK_ERR_EXPERT_ID, "backward after bad id %d: mok_check gave %s", bad[v],
+              mok_status_name(st));
+        gpu_fetch(&d, &out);
+        compare_bits("outputs untouched", &out, &poison, MOK_GRAD_WRITE_BF16);
+        /* The next good call runs normally. */
+        h.L.topk_ids[17] = 1;
+        CUDA_CHECK(cudaMemcpy(d.ids, h.L.topk_ids, (size_t)(200 * 2) * 4, cudaMemcpyHostToDevice));
+        CHECK_OK(gpu_run(&d, MOK_GRAD_WRITE_BF16, 0));
+        CHECK_OK(mok_check(d.ws, 0));
+        gpu_fetch(&d, &out);
+        CHECK(nan_count_bf16(out.y, 200 * 128) == 0, "good call after a bad one left y unwritten");
+      }
+      gpu_fini(&d);
+    }
+  }
+  harness_fini(&h);
+  harness_fini(&out);
+  harness_fini(&poison);
+}
+
+/* Host pointers are refused before any work is queued. */
+static void host_pointer_refused(void) {
+  mok_shape s = shape_of(64, 64, 64, 0, 2, 1);
+  harness h;
+  if (harness_init(&h, &s, 64, 3, 0)) {
+    gpu_layer d;
+    if (gpu_init(&d, &h, 64, 0)) {
+      mok_forward_args f = gpu_forward_args(&d);
+      f.x = h.L.x;
+      mok_status st = mok_forward(d.ws, &f, 0);
+      CHECK(st == MOK_ERR_INVALID_ARG && strstr(mok_last_error(), "x"),
+            "host x: %s (%s)", mok_status_name(st), mok_last_error());
+    }
+    gpu_fini(&d);
+  }
+  harness_fini(&h);
+}
+
+/* Recompute fills saved exactly as forward does; backward from it gives the same bits. */
+static void recompute_matches_forward(void) {
+  mok_shape s = shape_of(333, 256, 192, 64, 8, 3);
+  harness h, a, b;
+  if (harness_init(&h, &s, 333, 11, 0) && harness_init(&a, &s, 333, 11, 0) &&
+      harness_init(&b, &s, 333, 11, 0)) {
+    gpu_layer d;
+    if (gpu_init(&d, &h, 333, 0)) {
+      gpu_poison(&d, 0xff);
+      CHECK_OK(gpu_run(&d, MOK_GRAD_WRITE_BF16, 0));
+      gpu_fetch(&d, &a);
+      gpu_poison(&d, 0xff);
+      mok_forward_args f = gpu_forward_args(&d);
+      CHECK_OK(mok_recompute(d.ws, &f, 0));
+      mok_backward_args bw = gpu_backward_args(&d, MOK_GRAD_WRITE_BF16);
+      CHECK_OK(mok_backward(d.ws, &bw, 0));
+      gpu_fetch(&d, &b);
+      mok_saved_layout S = mok_saved_layout_of(d.ws, 333);
+      same_bits("recompute gu", (char *)b.saved + S.gu, (char *)a.saved + S.gu, S.hw - S.gu);
+      same_bits("recompute hw..hs", (char *)b.saved + S.hw, (char *)a.saved + S.hw,
+                S.bytes - S.hw);
+      same_bits("recompute dx", b.dx, a.dx, 333 * 256 * 2);
+      same_bits("recompute dw_gate", b.g[G_GATE], a.g[G_GATE], (size_t)grad_bytes(&a, G_GATE, MOK_GRAD_WRITE_BF16));
+    }
+    gpu_fini(&d);
+  }
+  harness_fini(&h);
+  harness_fini(&a);
+  harness_fini(&b);
+}
+
+/* Forward + backward captured in a CUDA graph (global capture mode, as PyTorch does) and
+ * replayed twice give the eager bits. */
+static void graph_replay(void) {
+  mok_shape s = shape_of(400, 256, 256, 128, 16, 4);
+  harness h, eager, replay;
+  if (harness_init(&h, &s, 400, 21, 0) && harness_init(&eager, &s, 400, 21, 0) &&
+      harness_init(&replay, &s, 400, 21, 0)) {
+    gpu_layer d;
+    if (gpu_init(&d, &h, 400, 0)) {
+      cudaStream_t st;
+      CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+      CHECK_OK(gpu_run(&d, MOK_GRAD_WRITE_BF16, st));
+      CUDA_CHECK(cudaStreamSynchronize(st));
+      gpu_fetch(&d, &eager);
+      cudaGraph_t graph = NULL;
+      cudaGraphExec_t exec = NULL;
+      CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+      CHECK_OK(gpu_run(&d, MOK_GRAD_WRITE_BF16, st));
+      CUDA_CHECK(cudaStreamEndCapture(st, &graph));
+      CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+      for (int r = 0; r < 2; r++) {
+        gpu_poison(&d, 0xff);
+        CUDA_CHECK(cudaGraphLaunch(exec, st));
+        CUDA_CHECK(cudaStreamSynchronize(st));
+        gpu_fetch(&d, &replay);
+        compare_bits("graph replay", &replay, &eager, MOK_GRAD_WRITE_BF16);
+      }
+      if (exec) cudaGraphExecDestroy(exec);
+      if (graph) cudaGraphDestroy(graph);
+      cudaStreamDestroy(st);
+    }
+    gpu_fini(&d);
+  }
+  harness_fini(&h);
+  harness_fini(&eager);
+  harness_fini(&replay);
+}
+
+const test_case tests_gpu_layer[] = {
+    {"gpu/layer_vs_cpu_small_shapes", layer_vs_cpu},
+    {"gpu/routing_edge_cases_vs_cpu", routing_edges},
+    {"gpu/design_shapes_vs_ref64", design_shapes_vs_ref64},
+    {"gpu/repeat_D1_and_knobs_D2", repeat_and_knobs},
+    {"gpu/batch_subsets_D3", batch_subsets},
+    {"gpu/bad_expert_id_untouched", bad_expert_id},
+    {"gpu/host_pointer_refused", host_pointer_refused},
+    {"gpu/recompute_matches_forward", recompute_matches_forward},
+    {"gpu/graph_capture_replay", graph_replay},
+    {NULL, NULL},
+};

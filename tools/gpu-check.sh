@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# gpu-check.sh: the one command for the device (make gpu-check). Builds everything, runs the GPU
+# tests, the Python tests (torch, CUDA) and the benchmark, writes full logs under $OUT (or
+# results/ when $OUT is unset) and prints a short summary last.
+# Usage: tools/gpu-check.sh [tests|bench|all]   (default all)
+set -uo pipefail
+what=${1:-all}
+out=${OUT:-results}
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1 MOK_LIB=build/libmok.so
+summary=()
+step() { # step NAME TIMEOUT_S COMMAND...: runs it, logs to $out/NAME.log, records ok/FAIL
+  local name=$1 limit=$2; shift 2
+  local t0=$SECONDS
+  echo "== $name: $*"
+  timeout "$limit" "$@" > "$out/$name.log" 2>&1
+  local rc=$?
+  tail -n 25 "$out/$name.log"
+  summary+=("$(printf '%-12s %s  rc=%d  %ds' "$name" "$([ $rc = 0 ] && echo ok || echo FAIL)" $rc $((SECONDS - t0)))")
+  return $rc
+}
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv > "$out/gpu.txt" 2>&1
+step build 600 make -j16 all build/test_gpu || { printf '%s\n' "${summary[@]}"; exit 1; }
+if [ "$what" = tests ] || [ "$what" = all ]; then
+  step gpu-tests 420 ./build/test_gpu
+  step py-tests 300 python3 -m pytest -q -x python/tests
+fi
+if [ "$what" = bench ] || [ "$what" = all ]; then
+  step bench 480 python3 bench/run.py --out "$out"
+fi
+echo
+echo "== summary ($(head -2 "$out/gpu.txt" | tail -1))"
+printf '%s\n' "${summary[@]}"
+grep -hE "passed, .* failed" "$out/gpu-tests.log" 2>/dev/null
