@@ -1,10 +1,128 @@
-/* test_api.c: status names, version, context and workspace argument checks. */
+/* test_api.c: status names, version, context and workspace argument checks, size queries. */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
 #include "check.h"
 #include "mok.h"
 
 static void status_names(void) {
   CHECK(mok_version() == MOK_VERSION, "version %d != %d", mok_version(), MOK_VERSION);
   CHECK(mok_status_name(MOK_ERR_EXPERT_ID)[0] == 'M', "name");
+  CHECK(strcmp(mok_status_name(MOK_ERR_CAPACITY), "MOK_ERR_CAPACITY") == 0, "capacity name");
+  for (int s = MOK_OK; s <= MOK_ERR_INTERNAL; s++) {
+    CHECK(strncmp(mok_status_name((mok_status)s), "MOK_", 4) == 0, "status %d has no name", s);
+    CHECK(mok_status_string((mok_status)s)[0] != '\0', "status %d has no message", s);
+  }
+  CHECK(strcmp(mok_status_name((mok_status)99), "MOK_ERR_UNKNOWN") == 0, "unknown code name");
 }
 
-const test_case tests_api[] = {{"api/status_names", status_names}, {NULL, NULL}};
+/* `expr` must return `want`, leave a message that contains `word`, and leave *out NULL. */
+#define EXPECT_FAIL(expr, want, word, out)                                                   \
+  do {                                                                                       \
+    mok_status st_ = (expr);                                                                 \
+    CHECK(st_ == (want), "%s -> %s (%s), expected %s", #expr, mok_status_name(st_),          \
+          mok_last_error(), mok_status_name(want));                                          \
+    CHECK(strstr(mok_last_error(), (word)) != NULL, "%s: message '%s' does not say '%s'",    \
+          #expr, mok_last_error(), (word));                                                  \
+    CHECK((out) == NULL, "%s: out is not NULL after a failure", #expr);                      \
+  } while (0)
+
+static void context_arguments(void) {
+  mok_context *ctx = (mok_context *)(uintptr_t)1;
+  mok_context_config cfg = MOK_CONTEXT_CONFIG_INIT;
+  EXPECT_FAIL(mok_context_create(NULL, &ctx), MOK_ERR_INVALID_ARG, "cfg", ctx);
+  CHECK(mok_context_create(&cfg, NULL) == MOK_ERR_INVALID_ARG, "out NULL");
+
+  mok_context_config bad = cfg;
+  bad.backend = (mok_backend)7;
+  EXPECT_FAIL(mok_context_create(&bad, &ctx), MOK_ERR_INVALID_ARG, "backend", ctx);
+  bad = cfg, bad.ep_size = 0;
+  EXPECT_FAIL(mok_context_create(&bad, &ctx), MOK_ERR_INVALID_ARG, "ep_size", ctx);
+  bad = cfg, bad.ep_rank = -1;
+  EXPECT_FAIL(mok_context_create(&bad, &ctx), MOK_ERR_INVALID_ARG, "ep_rank", ctx);
+  bad = cfg, bad.ep_rank = 1;
+  EXPECT_FAIL(mok_context_create(&bad, &ctx), MOK_ERR_INVALID_ARG, "ep_rank", ctx);
+  bad = cfg, bad.threads = -1;
+  EXPECT_FAIL(mok_context_create(&bad, &ctx), MOK_ERR_INVALID_ARG, "threads", ctx);
+  bad = cfg, bad.ep_size = 2, bad.ep_rank = 1; /* a valid group, not built yet */
+  EXPECT_FAIL(mok_context_create(&bad, &ctx), MOK_ERR_UNSUPPORTED, "ep_size", ctx);
+  if (mok_cuda_device_count() == 0) {
+    bad = cfg, bad.backend = MOK_BACKEND_CUDA;
+    EXPECT_FAIL(mok_context_create(&bad, &ctx), MOK_ERR_UNSUPPORTED, "CUDA", ctx);
+  }
+
+  CHECK_OK(mok_context_create(&cfg, &ctx));
+  CHECK(mok_last_error()[0] == '\0', "a success leaves '%s'", mok_last_error());
+  mok_context_destroy(ctx);
+  mok_context_destroy(NULL);
+  mok_workspace_destroy(NULL);
+}
+
+static void workspace_arguments(void) {
+  mok_context_config cfg = MOK_CONTEXT_CONFIG_INIT;
+  mok_context *ctx = NULL;
+  CHECK_OK(mok_context_create(&cfg, &ctx));
+  if (!ctx) return;
+  const mok_shape good = {64, 32, 16, 8, 4, 2, MOK_BF16};
+  mok_workspace *ws = (mok_workspace *)(uintptr_t)1;
+  EXPECT_FAIL(mok_workspace_create(NULL, &good, &ws), MOK_ERR_INVALID_ARG, "ctx", ws);
+  ws = (mok_workspace *)(uintptr_t)1;
+  EXPECT_FAIL(mok_workspace_create(ctx, NULL, &ws), MOK_ERR_INVALID_ARG, "shape", ws);
+  CHECK(mok_workspace_create(ctx, &good, NULL) == MOK_ERR_INVALID_ARG, "out NULL");
+
+  struct {
+    const char *word;
+    mok_shape s;
+    mok_status want;
+  } bad[] = {
+      {"max_tokens", {0, 32, 16, 8, 4, 2, MOK_BF16}, MOK_ERR_INVALID_ARG},
+      {"max_tokens", {(1 << 20) + 1, 32, 16, 8, 4, 2, MOK_BF16}, MOK_ERR_INVALID_ARG},
+      {"hidden", {64, 0, 16, 8, 4, 2, MOK_BF16}, MOK_ERR_INVALID_ARG},
+      {"inter", {64, 32, 0, 8, 4, 2, MOK_BF16}, MOK_ERR_INVALID_ARG},
+      {"shared_inter", {64, 32, 16, -1, 4, 2, MOK_BF16}, MOK_ERR_INVALID_ARG},
+      {"experts", {64, 32, 16, 8, 0, 1, MOK_BF16}, MOK_ERR_INVALID_ARG},
+      {"experts", {64, 32, 16, 8, 4097, 2, MOK_BF16}, MOK_ERR_INVALID_ARG},
+      {"top_k", {64, 32, 16, 8, 4, 0, MOK_BF16}, MOK_ERR_INVALID_ARG},
+      {"top_k", {64, 32, 16, 8, 4, 5, MOK_BF16}, MOK_ERR_INVALID_ARG},
+      {"max_tokens * top_k", {1 << 20, 32, 16, 8, 128, 128, MOK_BF16}, MOK_ERR_INVALID_ARG},
+      {"precision", {64, 32, 16, 8, 4, 2, MOK_FP8}, MOK_ERR_UNSUPPORTED},
+      {"precision", {64, 32, 16, 8, 4, 2, (mok_precision)9}, MOK_ERR_UNSUPPORTED},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    ws = (mok_workspace *)(uintptr_t)1;
+    EXPECT_FAIL(mok_workspace_create(ctx, &bad[i].s, &ws), bad[i].want, bad[i].word, ws);
+  }
+
+  ws = NULL;
+  CHECK_OK(mok_workspace_create(ctx, &good, &ws));
+  if (ws) {
+    CHECK(mok_workspace_bytes(ws) > 0, "workspace_bytes is 0");
+    size_t one = mok_saved_bytes(ws, 1), all = mok_saved_bytes(ws, good.max_tokens);
+    CHECK(one > 0 && one % 256 == 0 && all % 256 == 0 && all >= one,
+          "saved_bytes: %zu for 1 token, %zu for max_tokens", one, all);
+    CHECK(mok_saved_bytes(ws, 0) == 0, "saved_bytes(0)");
+    CHECK(mok_saved_bytes(ws, good.max_tokens + 1) == 0, "saved_bytes(max_tokens + 1)");
+    CHECK_OK(mok_check(ws, NULL));
+
+    int32_t counts[4];
+    void *saved = aligned_alloc(256, all);
+    CHECK(mok_schedule_counts(NULL, saved, 1, counts, NULL) == MOK_ERR_INVALID_ARG, "ws NULL");
+    CHECK(mok_schedule_counts(ws, saved, 0, counts, NULL) == MOK_ERR_INVALID_ARG, "tokens 0");
+    CHECK(mok_schedule_counts(ws, NULL, 1, counts, NULL) == MOK_ERR_INVALID_ARG, "saved NULL");
+    CHECK(mok_schedule_counts(ws, (char *)saved + 64, 1, counts, NULL) == MOK_ERR_ALIGNMENT,
+          "saved misaligned");
+    CHECK(mok_schedule_counts(ws, saved, 1, NULL, NULL) == MOK_ERR_INVALID_ARG, "counts NULL");
+    free(saved);
+  }
+  CHECK(mok_workspace_bytes(NULL) == 0, "workspace_bytes(NULL)");
+  CHECK(mok_saved_bytes(NULL, 1) == 0, "saved_bytes(NULL)");
+  CHECK(mok_check(NULL, NULL) == MOK_ERR_INVALID_ARG, "check(NULL)");
+  mok_workspace_destroy(ws);
+  mok_context_destroy(ctx);
+}
+
+const test_case tests_api[] = {{"api/status_names", status_names},
+                               {"api/context_arguments", context_arguments},
+                               {"api/workspace_arguments", workspace_arguments},
+                               {NULL, NULL}};
