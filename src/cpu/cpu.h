@@ -99,9 +99,9 @@ void cpu_mlp_forward_row(const float *x, const float *panel_gu, const float *pan
                          float *out);
 /* Backward of one row from dy and the saved gu: returns <dh, silu(g) u> summed in 64-column
  * chunks (the router gradient), writes dgu (bf16-rounded, as fp32) and dx[h] = W_gu^T dgu (fp32).
- * scratch holds I floats. */
+ * dh is scratch of I floats (the down dgrad, never stored). */
 float cpu_mlp_backward_row(const float *dy, const float *panel_gu, const float *panel_down,
-                           int64_t H, int64_t I, float w, const uint16_t *gu, float *scratch,
+                           int64_t H, int64_t I, float w, const uint16_t *gu, float *dh,
                            float *dgu, float *dx);
 /* Converts one expert's weights (gate/up [I, H] each, down [H, I]) into the two panels, by the
  * whole team (call from inside a parallel region; ends with a barrier). */
