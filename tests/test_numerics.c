@@ -5,7 +5,7 @@
  *
  * ref64 rounds to bf16 at the same points as the backend, y and dx included, so the two differ by
  * accumulation-order error plus the rare value that rounds to the other bf16 neighbour: measured
- * 1e-5 or less here. The tolerances sit well below what a missing rounding point or a wrong
+ * 3e-5 at most here. The tolerances sit well below what a missing rounding point or a wrong
  * factor gives (1e-3 and more), and the measured errors are printed.
  */
 #include <math.h>
