@@ -25,6 +25,7 @@ _TORCH_NAMES = ("moe", "MoELayer", "check", "set_debug", "torch_ops")
 
 def __getattr__(name):
     if name in _TORCH_NAMES:
-        from . import torch_ops  # raises ImportError when torch is not installed
-        return torch_ops if name == "torch_ops" else getattr(torch_ops, name)
+        import importlib
+        ops = importlib.import_module(".torch_ops", __name__)  # ImportError without torch
+        return ops if name == "torch_ops" else getattr(ops, name)
     raise AttributeError(f"module 'mok' has no attribute {name!r}")

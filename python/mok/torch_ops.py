@@ -1,0 +1,307 @@
+"""torch_ops.py: the layer as PyTorch custom ops (mok::forward, mok::backward) with fake
+implementations and autograd, so eager mode, torch.compile(fullgraph=True) and CUDA graphs work;
+plus `moe()` and the `MoELayer` module. Imported by `mok` on first use of mok.moe / MoELayer.
+
+CPU tensors run on mok's CPU backend; CUDA tensors on the CUDA backend, on the current stream.
+Every host-checkable mistake (dtype, shape, device, layout) raises TypeError/ValueError naming the
+argument before any C call. Expert ids out of range:
+  - CPU: always checked here (ValueError).
+  - CUDA: only the device can see them cheaply. The kernels flag the error in the workspace and
+    leave the outputs untouched; `mok.check()` raises it (it synchronises). With MOK_DEBUG=1 (or
+    mok.set_debug(True)) every CUDA call also checks the ids before and calls mok_check after,
+    except while a CUDA graph is being captured, where both would break the capture.
+"""
+import os
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from . import core
+from ._lib import SAVED_ALIGN, TENSOR_ALIGN
+from .validate import WEIGHTS, layer_dims
+
+_debug = os.environ.get("MOK_DEBUG", "0") not in ("", "0")
+
+
+def set_debug(on=True):
+    """Turns the expert-id checks and mok_check after every CUDA call on or off (see above)."""
+    global _debug
+    _debug = bool(on)
+
+
+_DTYPES = {"x": torch.bfloat16, "dy": torch.bfloat16, "topk_ids": torch.int32,
+           "topk_weights": torch.float32, **{n: torch.bfloat16 for n in WEIGHTS}}
+
+
+def _check(where, tensors, real):
+    """dtype, device and layout of every tensor (None = absent), then the shapes; returns (T, dims).
+    `real` adds what fake tensors cannot answer: pointer alignment."""
+    dev = tensors["x"].device if isinstance(tensors.get("x"), Tensor) else None
+    for name, t in tensors.items():
+        if t is None:
+            continue
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{where}: {name} is a {type(t).__name__}; expected a torch.Tensor")
+        if t.dtype != _DTYPES[name]:
+            raise TypeError(f"{where}: {name} has dtype {t.dtype}; expected {_DTYPES[name]}")
+        if t.device != dev:
+            raise ValueError(f"{where}: {name} is on {t.device}; expected x's device {dev}")
+        if not t.is_contiguous():
+            raise ValueError(f"{where}: {name} is not contiguous (strides {t.stride()}); "
+                             f"pass {name}.contiguous()")
+        if real and t.numel() and t.data_ptr() % TENSOR_ALIGN:
+            raise ValueError(f"{where}: {name} (data_ptr {t.data_ptr():#x}) is not "
+                             f"{TENSOR_ALIGN}-byte aligned; pass {name}.clone()")
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"{where}: x is on {dev}; mok runs on 'cpu' or 'cuda' tensors")
+    shapes = {n: (None if t is None else tuple(t.shape)) for n, t in tensors.items()}
+    return layer_dims(where, **shapes)
+
+
+def _where(dev):
+    return ("cuda" if dev.type == "cuda" else "cpu",
+            (dev.index if dev.index is not None else torch.cuda.current_device())
+            if dev.type == "cuda" else 0)
+
+
+def _stream(dev):
+    return torch.cuda.current_stream(dev).cuda_stream if dev.type == "cuda" else 0
+
+
+def _capturing(dev):
+    return dev.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
+def _check_ids(where, ids, experts):
+    if ids.numel() == 0:
+        return
+    lo, hi = int(ids.min()), int(ids.max())
+    if lo < 0 or hi >= experts:
+        raise ValueError(f"{where}: topk_ids has values in {lo}..{hi}; expected 0..E-1 "
+                         f"(E = {experts})")
+
+
+def _aligned_addr(saved):
+    """Address of the first SAVED_ALIGN-aligned byte of a saved tensor (it has the slack)."""
+    p = saved.data_ptr()
+    return p + (-p) % SAVED_ALIGN
+
+
+def _ptr(t):
+    return 0 if t is None else t.data_ptr()
+
+
+class _Device:
+    """torch.cuda.device(dev) for CUDA tensors, nothing for CPU ones."""
+
+    def __init__(self, dev):
+        self.guard = torch.cuda.device(dev) if dev.type == "cuda" else None
+
+    def __enter__(self):
+        return self.guard.__enter__() if self.guard else None
+
+    def __exit__(self, *exc):
+        return self.guard.__exit__(*exc) if self.guard else False
+
+
+# ---- mok::forward -------------------------------------------------------------------------------
+@torch.library.custom_op("mok::forward", mutates_args=())
+def _forward_op(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, w_gate: Tensor, w_up: Tensor,
+                w_down: Tensor, ws_gate: Optional[Tensor], ws_up: Optional[Tensor],
+                ws_down: Optional[Tensor], max_tokens: int = 0) -> tuple[Tensor, Tensor]:
+    where = "mok.moe"
+    ten = dict(zip(("x", "topk_ids", "topk_weights", *WEIGHTS),
+                   (x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down)))
+    t, dims = _check(where, ten, real=True)
+    dev = x.device
+    y = torch.empty((t, dims.hidden), dtype=torch.bfloat16, device=dev)
+    if t == 0:
+        return y, torch.empty(0, dtype=torch.uint8, device=dev)
+    backend, index = _where(dev)
+    debug = backend == "cpu" or (_debug and not _capturing(dev))
+    if debug:
+        _check_ids(where, topk_ids, dims.experts)
+    with _Device(dev):
+        ws = core.workspace(dims, t, backend, index, max_tokens)
+        saved = torch.empty(ws.saved_bytes(t) + SAVED_ALIGN - 1, dtype=torch.uint8, device=dev)
+        stream = _stream(dev)
+        ws.forward(t, x.data_ptr(), topk_ids.data_ptr(), topk_weights.data_ptr(),
+                   [_ptr(ten[n]) for n in WEIGHTS], y.data_ptr(), _aligned_addr(saved),
+                   stream)
+        if debug and backend == "cuda":
+            ws.check(stream)
+    return y, saved
+
+
+@_forward_op.register_fake
+def _forward_fake(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down,
+                  max_tokens=0):
+    ten = dict(zip(("x", "topk_ids", "topk_weights", *WEIGHTS),
+                   (x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down)))
+    t, dims = _check("mok.moe", ten, real=False)
+    y = x.new_empty((t, dims.hidden))
+    if isinstance(t, int):
+        # Static shapes: the size comes from the library, from the workspace the call will use.
+        if t == 0:
+            return y, x.new_empty(0, dtype=torch.uint8)
+        backend, index = _where(x.device)
+        n = core.workspace(dims, t, backend, index, max_tokens).saved_bytes(t) + SAVED_ALIGN - 1
+    else:
+        n = torch.library.get_ctx().new_dynamic_size()  # symbolic T: a data-dependent size
+    return y, x.new_empty(n, dtype=torch.uint8)
+
+
+# ---- mok::backward ------------------------------------------------------------------------------
+@torch.library.custom_op("mok::backward", mutates_args=())
+def _backward_op(dy: Tensor, x: Tensor, topk_ids: Tensor, topk_weights: Tensor, w_gate: Tensor,
+                 w_up: Tensor, w_down: Tensor, ws_gate: Optional[Tensor], ws_up: Optional[Tensor],
+                 ws_down: Optional[Tensor], saved: Tensor) -> list[Tensor]:
+    """Returns [dx, d_topk_weights, dw_gate, dw_up, dw_down, dws_gate, dws_up, dws_down]; the
+    shared-expert grads are empty (I_s = 0) when there is no shared expert."""
+    where = "mok.moe backward"
+    ten = dict(zip(("dy", "x", "topk_ids", "topk_weights", *WEIGHTS),
+                   (dy, x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down)))
+    t, dims = _check(where, ten, real=True)
+    out = _grad_outputs(dy, dims, t)
+    dev = x.device
+    if t == 0:
+        for g in out[2:]:
+            g.zero_()
+        return out
+    backend, index = _where(dev)
+    with _Device(dev):
+        ws = core.workspace(dims, t, backend, index)
+        need = ws.saved_bytes(t) + SAVED_ALIGN - 1
+        if saved.dtype != torch.uint8 or saved.device != dev or saved.numel() < need:
+            raise ValueError(f"{where}: saved must be the uint8 tensor of {need} bytes on {dev} "
+                             f"that mok::forward returned")
+        stream = _stream(dev)
+        g = out[2:5] + (out[5:] if dims.shared_inter else [None] * 3)
+        ws.backward(t, x.data_ptr(), topk_ids.data_ptr(), topk_weights.data_ptr(),
+                    [_ptr(ten[n]) for n in WEIGHTS], _aligned_addr(saved), dy.data_ptr(),
+                    out[0].data_ptr(), out[1].data_ptr(), [_ptr(gi) for gi in g], "bf16", stream)
+        if _debug and backend == "cuda" and not _capturing(dev):
+            ws.check(stream)
+    return out
+
+
+def _grad_outputs(dy, dims, t):
+    h, i, i_s, e = dims.hidden, dims.inter, dims.shared_inter, dims.experts
+    bf = dict(dtype=torch.bfloat16)
+    return [dy.new_empty((t, h)), dy.new_empty((t, dims.top_k), dtype=torch.float32),
+            dy.new_empty((e, i, h), **bf), dy.new_empty((e, i, h), **bf),
+            dy.new_empty((e, h, i), **bf), dy.new_empty((i_s, h), **bf),
+            dy.new_empty((i_s, h), **bf), dy.new_empty((h, i_s), **bf)]
+
+
+@_backward_op.register_fake
+def _backward_fake(dy, x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down,
+                   saved):
+    ten = dict(zip(("dy", "x", "topk_ids", "topk_weights", *WEIGHTS),
+                   (dy, x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down)))
+    t, dims = _check("mok.moe backward", ten, real=False)
+    return _grad_outputs(dy, dims, t)
+
+
+# ---- autograd -----------------------------------------------------------------------------------
+def _setup_context(ctx, inputs, output):
+    x, ids, tw, wg, wu, wd, wsg, wsu, wsd, _max_tokens = inputs
+    ctx.has_shared = wsg is not None
+    ctx.save_for_backward(x, ids, tw, wg, wu, wd, wsg, wsu, wsd, output[1])
+
+
+def _backward_formula(ctx, dy, _dsaved):
+    x, ids, tw, wg, wu, wd, wsg, wsu, wsd, saved = ctx.saved_tensors
+    g = torch.ops.mok.backward(dy.contiguous(), x, ids, tw, wg, wu, wd, wsg, wsu, wsd, saved)
+    shared = tuple(g[5:]) if ctx.has_shared else (None, None, None)
+    return (g[0], None, g[1], g[2], g[3], g[4], *shared, None)
+
+
+torch.library.register_autograd("mok::forward", _backward_formula, setup_context=_setup_context)
+
+
+# ---- the public API -----------------------------------------------------------------------------
+def moe(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate=None, ws_up=None, ws_down=None,
+        *, max_tokens=None):
+    """y = shared(x) + sum_j topk_weights[:, j] * expert_{topk_ids[:, j]}(x) (DESIGN.md §1).
+
+    x [T, H] bf16; topk_ids [T, k] int32 or int64 (global expert ids); topk_weights [T, k] fp32;
+    w_gate, w_up [E, I, H], w_down [E, H, I] bf16; optional shared expert ws_gate, ws_up [I_s, H],
+    ws_down [H, I_s] bf16. All contiguous, on one device. Differentiable in x, topk_weights and
+    every weight (bf16 weight grads). `max_tokens` sizes the cached workspace up front (e.g.
+    before capturing a CUDA graph; a workspace grows, i.e. allocates, when T exceeds it)."""
+    for name, t in (("x", x), ("topk_ids", topk_ids), ("topk_weights", topk_weights),
+                    ("w_gate", w_gate), ("w_up", w_up), ("w_down", w_down), ("ws_gate", ws_gate),
+                    ("ws_up", ws_up), ("ws_down", ws_down)):
+        if not isinstance(t, Tensor) and not (t is None and name.startswith("ws_")):
+            raise TypeError(f"mok.moe: {name} is a {type(t).__name__}; expected a torch.Tensor")
+    if topk_ids.dtype == torch.int64:
+        topk_ids = topk_ids.to(torch.int32)
+    y, _saved = torch.ops.mok.forward(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate,
+                                      ws_up, ws_down, int(max_tokens or 0))
+    return y
+
+
+def check(device=None):
+    """Raises any device-side error (e.g. MokExpertIdError) flagged since the last check, for the
+    cached workspaces on `device` (a torch device or None = all). Synchronises with the stream."""
+    dev = None if device is None else torch.device(device)
+    for ws in core.cached_workspaces():
+        if dev is not None and (ws.backend != dev.type or
+                                (dev.type == "cuda" and dev.index not in (None, ws.ctx.device))):
+            continue
+        if ws.backend == "cuda":
+            d = torch.device("cuda", ws.ctx.device)
+            with torch.cuda.device(d):
+                ws.check(torch.cuda.current_stream(d).cuda_stream)
+        else:
+            ws.check()
+
+
+class MoELayer(torch.nn.Module):
+    """One MoE layer owning its bf16 weights: forward(x, topk_ids, topk_weights) -> y.
+
+    x may have leading dims ([..., H]); topk_ids and topk_weights then [..., k]. Weights start as
+    N(0, 1/H) for gate/up and N(0, 1/I) (N(0, 1/I_s)) for down, like mok_gen.h."""
+
+    def __init__(self, hidden, inter, experts, top_k, shared_inter=0, *, device=None,
+                 dtype=torch.bfloat16, max_tokens=None):
+        super().__init__()
+        if dtype != torch.bfloat16:
+            raise TypeError(f"MoELayer: dtype is {dtype}; mok's weights are torch.bfloat16")
+        if not 1 <= top_k <= experts:
+            raise ValueError(f"MoELayer: top_k is {top_k}; expected 1..experts ({experts})")
+        self.hidden, self.inter, self.experts, self.top_k = hidden, inter, experts, top_k
+        self.shared_inter, self.max_tokens = shared_inter, max_tokens
+        kw = dict(device=device, dtype=dtype)
+        p = torch.nn.Parameter
+        self.w_gate = p(torch.empty(experts, inter, hidden, **kw))
+        self.w_up = p(torch.empty(experts, inter, hidden, **kw))
+        self.w_down = p(torch.empty(experts, hidden, inter, **kw))
+        if shared_inter:
+            self.ws_gate = p(torch.empty(shared_inter, hidden, **kw))
+            self.ws_up = p(torch.empty(shared_inter, hidden, **kw))
+            self.ws_down = p(torch.empty(hidden, shared_inter, **kw))
+        else:
+            self.ws_gate = self.ws_up = self.ws_down = None
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self, generator=None):
+        for w, fan_in in ((self.w_gate, self.hidden), (self.w_up, self.hidden),
+                          (self.w_down, self.inter), (self.ws_gate, self.hidden),
+                          (self.ws_up, self.hidden), (self.ws_down, self.shared_inter)):
+            if w is not None:
+                w.normal_(0.0, fan_in ** -0.5, generator=generator)
+
+    def forward(self, x, topk_ids, topk_weights):
+        lead = x.shape[:-1]
+        y = moe(x.reshape(-1, self.hidden), topk_ids.reshape(-1, self.top_k),
+                topk_weights.reshape(-1, self.top_k), self.w_gate, self.w_up, self.w_down,
+                self.ws_gate, self.ws_up, self.ws_down, max_tokens=self.max_tokens)
+        return y.reshape(*lead, self.hidden)
+
+    def extra_repr(self):
+        return (f"hidden={self.hidden}, inter={self.inter}, experts={self.experts}, "
+                f"top_k={self.top_k}, shared_inter={self.shared_inter}")
