@@ -49,7 +49,7 @@ MOK_DEV void epi_rows(const gemm_args *g, const gemm_tile *tl, int cw, const flo
 }
 
 /* Gate/up forward: tile columns [0,128) are gate and [128,256) up, for i = n0 + c.
- * gu = [bf16(g) | bf16(u)], hw = bf16(w * (silu(ĝ) * û)) from the rounded values. */
+ * gu = [bf16(g) | bf16(u)], hw = bf16(w * silu(ĝ) * û) from the rounded values. */
 MOK_DEV void epi_swiglu_fwd(const gemm_args *g, const gemm_tile *tl, int cw, const float *d) {
   acc_pos p = acc_position(cw);
   const int I = g->n;
@@ -70,8 +70,8 @@ MOK_DEV void epi_swiglu_fwd(const gemm_args *g, const gemm_tile *tl, int cw, con
       *(__nv_bfloat162 *)(gu + i) = gb;
       *(__nv_bfloat162 *)(gu + I + i) = ub;
       float2 gf = __bfloat1622float2(gb), uf = __bfloat1622float2(ub);
-      float a0 = silu_f(gf.x) * uf.x, a1 = silu_f(gf.y) * uf.y;
-      *(uint32_t *)(hw + i) = pack_bf16x2(w * a0, w * a1);
+      *(uint32_t *)(hw + i) =
+          pack_bf16x2(w * silu_f(gf.x) * uf.x, w * silu_f(gf.y) * uf.y);
     }
   }
 }
@@ -102,8 +102,8 @@ MOK_DEV void epi_swiglu_bwd(const gemm_args *g, const gemm_tile *tl, int cw, con
         float2 uf = __bfloat1622float2(*(const __nv_bfloat162 *)(gu + I + i));
         float dh0 = d[4 * j + 2 * h], dh1 = d[4 * j + 2 * h + 1];
         float s0 = sigmoid_f(gf.x), s1 = sigmoid_f(gf.y);
-        part = part + dh0 * (silu_f(gf.x) * uf.x);
-        part = part + dh1 * (silu_f(gf.y) * uf.y);
+        part = part + dh0 * silu_f(gf.x) * uf.x;
+        part = part + dh1 * silu_f(gf.y) * uf.y;
         float d0 = w * dh0, d1 = w * dh1;
         *(uint32_t *)(dgu + i) = pack_bf16x2(d0 * uf.x * s0 * (1.0f + gf.x * (1.0f - s0)),
                                              d1 * uf.y * s1 * (1.0f + gf.y * (1.0f - s1)));
