@@ -1,0 +1,141 @@
+"""measure.py: how one implementation of the layer is measured (DESIGN.md §7): forward and
+backward times (CUDA events after warm-up, median of many repeats; perf_counter on the CPU),
+peak memory, and whether two runs give the same bits (a fingerprint of y and every gradient).
+"""
+import statistics
+import time
+
+import torch
+
+DIFF = ("x", "topk_weights", "w_gate", "w_up", "w_down", "ws_gate", "ws_up", "ws_down")
+
+
+class Clock:
+    """Start/stop marks on a device: CUDA events on a GPU, perf_counter (synchronous) on the CPU."""
+
+    def __init__(self, device):
+        self.cuda = torch.device(device).type == "cuda"
+
+    def mark(self):
+        if self.cuda:
+            e = torch.cuda.Event(enable_timing=True)
+            e.record()
+            return e
+        return time.perf_counter()
+
+    def ms(self, pairs):
+        """Milliseconds of each (start, stop) pair, after waiting for the device."""
+        if self.cuda:
+            torch.cuda.synchronize()
+            return [a.elapsed_time(b) for a, b in pairs]
+        return [(b - a) * 1e3 for a, b in pairs]
+
+    def sync(self):
+        if self.cuda:
+            torch.cuda.synchronize()
+
+
+def _leaves(ins):
+    return [ins[n] for n in DIFF if ins.get(n) is not None]
+
+
+def _call(fn, ins):
+    return fn(**ins)
+
+
+def fwd_bwd(fn, ins, dy):
+    """y and the gradients of every differentiable input (autograd.grad: nothing accumulates)."""
+    y = _call(fn, ins)
+    return y, torch.autograd.grad(y, _leaves(ins), dy)
+
+
+_MULT = {}
+
+
+def fingerprint(tensors):
+    """A 64-bit hash of the bits of `tensors`, computed on their device: sum over 32-bit words of
+    word * pseudo-random multiplier, mod 2^64. Integer sums are exact in any order, so the hash is
+    itself deterministic; any changed bit changes it (but for a 2^-64 chance)."""
+    total = 0
+    for t in tensors:
+        b = t.detach().contiguous().view(-1).view(torch.uint8)
+        if b.numel() % 4:
+            b = torch.cat([b, b.new_zeros(4 - b.numel() % 4)])
+        words = b.view(torch.int32)
+        chunk = 1 << 24
+        key = (words.device, chunk)
+        if key not in _MULT:
+            g = torch.Generator(device=words.device).manual_seed(12345)
+            _MULT[key] = torch.randint(1, 2 ** 31 - 1, (chunk,), generator=g, device=words.device,
+                                       dtype=torch.int64)
+        acc = torch.zeros((), dtype=torch.int64, device=words.device)
+        for i in range(0, words.numel(), chunk):
+            w = words[i:i + chunk].to(torch.int64)
+            acc += (w * _MULT[key][: w.numel()]).sum()
+        total = (total * 1000003 + int(acc.item())) % (1 << 64)
+    return f"{total:016x}"
+
+
+def measure(fn, ins, dy, budget_s=1.0, min_reps=5, max_reps=50, warmup=2):
+    """Times fn's forward and backward; returns a dict (times in ms, bytes, bits)."""
+    clock = Clock(dy.device)
+    cuda = clock.cuda
+    t0 = time.perf_counter()
+    for _ in range(warmup):
+        y, g = fwd_bwd(fn, ins, dy)
+        del y, g
+    clock.sync()
+    per_iter = max((time.perf_counter() - t0) / max(warmup, 1), 1e-4)
+    reps = int(min(max_reps, max(min_reps, budget_s / per_iter)))
+
+    pairs = []
+    for _ in range(reps):
+        a = clock.mark()
+        y = _call(fn, ins)
+        pairs.append((a, clock.mark()))
+        del y
+    fwd = clock.ms(pairs)
+
+    pairs = []
+    for _ in range(reps):
+        y = _call(fn, ins)
+        a = clock.mark()
+        g = torch.autograd.grad(y, _leaves(ins), dy)
+        pairs.append((a, clock.mark()))
+        del y, g
+    bwd = clock.ms(pairs)
+
+    peak = None
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+    y, g = fwd_bwd(fn, ins, dy)
+    if cuda:
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated() - base
+    first = fingerprint([y, *g])
+    del y, g
+    y, g = fwd_bwd(fn, ins, dy)
+    second = fingerprint([y, *g])
+    del y, g
+    return dict(fwd_ms=statistics.median(fwd), bwd_ms=statistics.median(bwd),
+                fwd_ms_min=min(fwd), bwd_ms_min=min(bwd), repeats=reps, peak_bytes=peak,
+                fingerprint=first, bits_equal=first == second)
+
+
+def dense_gemm_tflops(device, n=8192, reps=20):
+    """The ceiling: torch.matmul of two random n x n bf16 matrices (cuBLAS on a GPU)."""
+    a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    clock = Clock(device)
+    for _ in range(3):
+        a @ b
+    clock.sync()
+    pairs = []
+    for _ in range(reps):
+        s = clock.mark()
+        a @ b
+        pairs.append((s, clock.mark()))
+    ms = statistics.median(clock.ms(pairs))
+    return dict(n=n, ms=ms, tflops=2 * n ** 3 / ms / 1e9)

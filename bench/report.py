@@ -1,0 +1,112 @@
+"""report.py: turns the benchmark's results into bench.json, bench.md (the table) and bench.png
+(TFLOP/s per shape and implementation, with the dense-GEMM ceiling), under the results folder."""
+import json
+from pathlib import Path
+
+BASELINE_PREFIX = "torch "
+
+
+def add_ratios(results, ceiling_tflops):
+    """vs_best_*: best baseline ms / this ms at the same shape (> 1: faster than every baseline);
+    of_ceiling_*: TFLOP/s / the dense GEMM's. CPU-fallback rows (other token count) get none."""
+    for r in results:
+        ok = [b for b in results if b["shape"] == r["shape"] and b["impl"].startswith(
+            BASELINE_PREFIX) and b.get("fwd_ms") and b.get("tokens") == r.get("tokens") and
+            b.get("device") == r.get("device")]
+        for d in ("fwd", "bwd"):
+            ms = r.get(f"{d}_ms")
+            best = min((b[f"{d}_ms"] for b in ok), default=None)
+            r[f"vs_best_{d}"] = best / ms if ms and best else None
+            tf = r.get(f"{d}_tflops")
+            r[f"of_ceiling_{d}"] = tf / ceiling_tflops if tf and ceiling_tflops and \
+                r.get("device") == "cuda" else None
+
+
+def _f(v, fmt):
+    return "–" if v is None else format(v, fmt)
+
+
+def _pct(v):
+    return "–" if v is None else f"{100 * v:.0f}%"
+
+
+def markdown(meta, ceiling, check, results):
+    lines = [f"# mok benchmark: {meta['date']}, commit {meta['commit']}, {meta['device_name']}",
+             "",
+             f"torch {meta['torch']}, mok {meta['mok']}, python {meta['python']}. "
+             f"Ceiling: dense bf16 GEMM {ceiling['n']}³ at {ceiling['tflops']:.0f} TFLOP/s "
+             f"({ceiling['ms']:.3f} ms), measured in this run. "
+             f"Baseline check: {check['summary']}.",
+             "",
+             "Times are medians of the repeats (CUDA events after warm-up); bwd is autograd of y "
+             "(dx, d_topk_weights and every weight gradient) after an untimed forward. FLOPs: fwd "
+             "6·T·k·H·I + 6·T·H·I_s, bwd twice that. *vs best*: best torch baseline's ms / this "
+             "ms (> 1 is faster). *ceil*: share of the dense GEMM rate. *peak*: "
+             "max_memory_allocated growth over one forward+backward (mok: + its workspace). "
+             "*bits*: two runs gave identical y and gradients.",
+             ""]
+    for n in meta.get("notes", []):
+        lines.append(f"- {n}")
+    lines += ["", "| shape | impl | T | fwd ms | bwd ms | fwd TF/s | bwd TF/s | vs best fwd | "
+              "vs best bwd | fwd ceil | bwd ceil | peak GiB | bits |",
+              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for r in results:
+        if r.get("status", "ok") != "ok":
+            lines.append(f"| {r['shape']} | {r['impl']} | {r['tokens']} | {r['status']} "
+                         f"|  |  |  |  |  |  |  |  |  |")
+            continue
+        peak = None if r.get("peak_bytes") is None else r["peak_bytes"] / 2 ** 30
+        lines.append(
+            f"| {r['shape']} | {r['impl']} | {r['tokens']} | {r['fwd_ms']:.3f} | "
+            f"{r['bwd_ms']:.3f} | {r['fwd_tflops']:.3g} | {r['bwd_tflops']:.3g} | "
+            f"{_f(r['vs_best_fwd'], '.2f')} | {_f(r['vs_best_bwd'], '.2f')} | "
+            f"{_pct(r['of_ceiling_fwd'])} | {_pct(r['of_ceiling_bwd'])} | "
+            f"{_f(peak, '.2f')} | {'yes' if r['bits_equal'] else 'NO'} |")
+    return "\n".join(lines) + "\n"
+
+
+def chart(path, ceiling, results):
+    """Bars of fwd+bwd TFLOP/s; returns None, or why no chart was drawn."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "matplotlib is not installed"
+    rows = [r for r in results if r.get("status", "ok") == "ok" and r.get("device") == "cuda"]
+    if not rows:
+        return "no GPU rows to draw"
+    shapes = list(dict.fromkeys(r["shape"] for r in rows))
+    impls = list(dict.fromkeys(r["impl"] for r in rows))
+    fig, ax = plt.subplots(figsize=(max(8, 1.6 * len(shapes)), 5))
+    width = 0.8 / len(impls)
+    for i, impl in enumerate(impls):
+        vals = []
+        for s in shapes:
+            r = next((r for r in rows if r["shape"] == s and r["impl"] == impl), None)
+            vals.append(0 if r is None else
+                        3 * r["fwd_flops"] / ((r["fwd_ms"] + r["bwd_ms"]) * 1e9))
+        ax.bar([j + i * width for j in range(len(shapes))], vals, width, label=impl)
+    ax.axhline(ceiling["tflops"], color="k", linestyle="--", linewidth=1,
+               label=f"dense bf16 GEMM ({ceiling['tflops']:.0f})")
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(shapes))], shapes, rotation=15)
+    ax.set_ylabel("fwd+bwd TFLOP/s")
+    ax.set_title("MoE layer, forward + backward, one GPU")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return None
+
+
+def write(out_dir, meta, ceiling, check, results):
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    why = chart(out / "bench.png", ceiling, results)
+    if why:
+        meta.setdefault("notes", []).append(f"no chart: {why}")
+    md = markdown(meta, ceiling, check, results)
+    (out / "bench.md").write_text(md)
+    (out / "bench.json").write_text(json.dumps(dict(meta=meta, ceiling=ceiling, check=check,
+                                                    results=results), indent=1) + "\n")
+    return md

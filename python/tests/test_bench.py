@@ -1,0 +1,38 @@
+"""test_bench.py: bench/shapes.py agrees with the table of DESIGN.md §7, and (with torch) the
+benchmark harness runs end to end on its tiny --smoke shapes."""
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "bench"))
+from shapes import SHAPES  # noqa: E402
+
+
+def test_shapes_match_design_md():
+    text = (ROOT / "DESIGN.md").read_text()
+    section = text[text.index("## 7."):]
+    rows = re.findall(r"^\| ([\w.-]+)(?: \([^)]*\))? \| (\d+) \| (\d+) \| (\d+) \| (\d+) \| (\d+) "
+                      r"\| (\d+) \|$", section, flags=re.M)
+    design = [(n, *map(int, v)) for n, *v in rows]
+    assert design == [tuple(s) for s in SHAPES]
+
+
+def test_bench_smoke(tmp_path):
+    pytest.importorskip("torch")
+    out = tmp_path / "r"
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "run.py"), "--smoke", "--out",
+                           str(out), "--budget", "0.05", "--min-reps", "2", "--max-reps", "3",
+                           "--cpu-budget", "0.05"],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    res = json.loads((out / "bench.json").read_text())
+    assert res["check"]["summary"].startswith("OK"), res["check"]
+    impls = {r["impl"] for r in res["results"]}
+    assert {"torch grouped_mm", "torch grouped_mm deterministic", "torch loop"} <= impls
+    assert all(r["status"] == "ok" for r in res["results"]), res["results"]
+    assert "| shape | impl |" in (out / "bench.md").read_text()
