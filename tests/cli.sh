@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# cli.sh: end-to-end tests of the mok command (build/mok) on the CPU backend and of the README's C
+# example (build/example). Run by make test from the repository root; prints one line per test
+# and "N passed, N failed"; exit status 1 if any failed.
+set -euo pipefail
+
+mok=./build/mok
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+passed=0 failed=0
+
+# check NAME STATUS PATTERN -- COMMAND...: COMMAND exits with STATUS and its stdout+stderr, newlines
+# turned into spaces, matches the extended regex PATTERN (empty: anything).
+check() {
+  local name=$1 want=$2 pattern=$3 rc=0 start=$SECONDS
+  shift 4
+  "$@" >"$tmp/out" 2>&1 || rc=$?
+  if [[ $rc -eq $want ]] &&
+    { [[ -z $pattern ]] || tr '\n' ' ' <"$tmp/out" | grep -Eq -- "$pattern"; }; then
+    printf '%-4s %-48s %6ss\n' ok "$name" $((SECONDS - start))
+    passed=$((passed + 1))
+  else
+    printf 'FAIL %s: exit %d (expected %d), output matching /%s/ expected:\n' "$name" "$rc" \
+      "$want" "$pattern"
+    sed 's/^/    /' "$tmp/out" | tail -n 30
+    failed=$((failed + 1))
+  fi
+}
+
+# The digest table of a run's output (stdout only): the lines between "outputs" and the check.
+digests() { "$@" 2>/dev/null | sed -n '/^outputs/,/^$/p'; }
+
+check cli/help 0 'usage: mok <command>' -- $mok --help
+check cli/help_run 0 'fine-7b +24576.*--grad-mode' -- $mok run --help
+check cli/help_bench 0 '--repeat N' -- $mok help bench
+check cli/no_command 2 'usage: mok' -- $mok
+check cli/bad_option 2 "unknown option '--scal'" -- $mok run --scal 1/16
+check cli/bad_scale 2 "expected 1/N" -- $mok bench --scale 16
+check cli/info 0 'CUDA devices visible: [0-9]+' -- $mok info
+
+small=(--scale 1/32 --backend cpu)
+check cli/run_dsv3 0 'run: PASS' -- $mok run --shape dsv3 "${small[@]}"
+check cli/run_no_shared_f32 0 'run: PASS' -- \
+  $mok run --shape qwen3-30b-a3b --scale 1/64 --backend cpu --grad-mode f32 --check-rows 2
+check cli/run_one_token 0 'T=1 .*run: PASS' -- \
+  $mok run --shape mixtral-8x7b --scale 1/64 --tokens 1 --backend cpu
+check cli/run_fails_below_tolerance 1 'dw_gate [^A-Z]* FAIL.*run: FAIL' -- \
+  $mok run --shape dsv3 "${small[@]}" --tol 1e-12
+
+# Determinism through the command: same seed, same digests, on 1 thread and on 2 (D1, D2);
+# another seed, other digests.
+digests $mok run --shape dsv3 "${small[@]}" --threads 1 --check-tokens 0 --check-rows 0 >"$tmp/a"
+digests $mok run --shape dsv3 "${small[@]}" --threads 2 --check-tokens 0 --check-rows 0 >"$tmp/b"
+digests $mok run --shape dsv3 "${small[@]}" --seed 2 --check-tokens 0 --check-rows 0 >"$tmp/c"
+check cli/same_bits_any_threads 0 '' -- cmp "$tmp/a" "$tmp/b"
+check cli/other_seed_other_bits 1 '' -- cmp -s "$tmp/a" "$tmp/c"
+
+check cli/bench 0 'repeated bits: identical.*bench: PASS' -- \
+  $mok bench --shape fine-7b --scale 1/64 --backend cpu --warmup 0 --repeat 2 --json "$tmp/b.json"
+check cli/bench_json 0 'ok' -- python3 -c "
+import json, sys
+j = json.load(open('$tmp/b.json'))
+assert j['shape'] == 'fine-7b' and j['repeat'] == 2 and j['identical_bits'] is True, j
+assert len(j['forward_ms_all']) == 2 and j['forward_ms'] > 0 and j['backward_tflops'] > 0, j
+print('ok')"
+
+if $mok info | grep -q 'CUDA devices visible: 0'; then
+  check cli/cuda_without_gpu 1 'MOK_ERR_UNSUPPORTED.*--backend cpu' -- $mok run --scale 1/64
+fi
+
+# The README's C example is tools/example.c, and it runs.
+awk '/^```c$/ {f = 1; next} /^```$/ {f = 0} f' README.md >"$tmp/readme.c"
+check cli/readme_example_is_example_c 0 '' -- diff "$tmp/readme.c" tools/example.c
+check cli/example_runs 0 '^y\[0\] = ' -- ./build/example
+
+echo "$passed passed, $failed failed"
+[[ $failed -eq 0 ]]
