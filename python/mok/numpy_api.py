@@ -77,16 +77,11 @@ class Layer:
         self.ws = core.Workspace(ctx, core.Dims(hidden, inter, shared_inter, experts, top_k),
                                  max_tokens)
 
-    def _dims_match(self, where, dims):
-        if dims != self.ws.dims:
-            raise ValueError(f"{where}: the arrays give {dims}; this Layer was made for "
-                             f"{self.ws.dims}")
-
     def forward(self, x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate=None, ws_up=None,
                 ws_down=None, check_ids=True):
         """Returns (y, saved): y [T, H] bf16 bits, saved the buffer backward reads."""
         return _forward(self.ws, "Layer.forward", x, topk_ids, topk_weights,
-                        (w_gate, w_up, w_down, ws_gate, ws_up, ws_down), check_ids, self)
+                        (w_gate, w_up, w_down, ws_gate, ws_up, ws_down), check_ids)
 
     def recompute(self, x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate=None,
                   ws_up=None, ws_down=None):
@@ -94,7 +89,7 @@ class Layer:
         where = "Layer.recompute"
         t, dims, a = _inputs(where, x, topk_ids, topk_weights,
                              (w_gate, w_up, w_down, ws_gate, ws_up, ws_down))
-        self._dims_match(where, dims)
+        _workspace(self.ws, where, dims, t)
         saved = aligned_empty(self.ws.saved_bytes(t))
         self.ws.recompute(t, _addr(a["x"]), _addr(a["topk_ids"]), _addr(a["topk_weights"]),
                           _wptrs(a), saved.ctypes.data)
@@ -102,9 +97,10 @@ class Layer:
 
     def backward(self, dy, x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate=None,
                  ws_up=None, ws_down=None, *, saved, grad_mode="bf16", main_grads=None):
+        """As mok.backward, on this Layer's workspace."""
         return _backward(self.ws, "Layer.backward", dy, x, topk_ids, topk_weights,
                          (w_gate, w_up, w_down, ws_gate, ws_up, ws_down), saved, grad_mode,
-                         main_grads, self)
+                         main_grads)
 
     def schedule_counts(self, saved, tokens):
         """Routed rows per expert, from the schedule in `saved`."""
@@ -114,23 +110,28 @@ class Layer:
         self.ws.check()
 
 
-def _forward(ws, where, x, topk_ids, topk_weights, weights, check_ids, layer=None):
+def _workspace(ws, where, dims, t):
+    """The Layer's workspace `ws` (checked against the arrays), or the cached one for dims."""
+    if ws is None:
+        return core.workspace(dims, t, "cpu")
+    if dims != ws.dims:
+        raise ValueError(f"{where}: the arrays give {dims}; this Layer was made for {ws.dims}")
+    return ws
+
+
+def _forward(ws, where, x, topk_ids, topk_weights, weights, check_ids):
     t, dims, a = _inputs(where, x, topk_ids, topk_weights, weights, check_ids=check_ids)
     y = np.empty((t, dims.hidden), dtype=np.uint16)
     if t == 0:
         return y, aligned_empty(0)
-    if layer is not None:
-        layer._dims_match(where, dims)
-    elif ws is None:
-        ws = core.workspace(dims, t, "cpu")
+    ws = _workspace(ws, where, dims, t)
     saved = aligned_empty(ws.saved_bytes(t))
     ws.forward(t, _addr(a["x"]), _addr(a["topk_ids"]), _addr(a["topk_weights"]), _wptrs(a),
                y.ctypes.data, saved.ctypes.data)
     return y, saved
 
 
-def _backward(ws, where, dy, x, topk_ids, topk_weights, weights, saved, grad_mode, main_grads,
-              layer=None):
+def _backward(ws, where, dy, x, topk_ids, topk_weights, weights, saved, grad_mode, main_grads):
     t, dims, a = _inputs(where, x, topk_ids, topk_weights, weights, dy=dy)
     if grad_mode == "f32":
         if main_grads is None or len(main_grads) != 6:
@@ -154,10 +155,7 @@ def _backward(ws, where, dy, x, topk_ids, topk_weights, weights, saved, grad_mod
                 if gi is not None:
                     gi.fill(0)
         return Grads(dx, dtw, *g)
-    if layer is not None:
-        layer._dims_match(where, dims)
-    elif ws is None:
-        ws = core.workspace(dims, t, "cpu")
+    ws = _workspace(ws, where, dims, t)
     if not isinstance(saved, np.ndarray) or saved.dtype != np.uint8:
         raise TypeError(f"{where}: saved must be the uint8 array forward returned")
     if saved.nbytes < ws.saved_bytes(t):
@@ -169,19 +167,27 @@ def _backward(ws, where, dy, x, topk_ids, topk_weights, weights, saved, grad_mod
     return Grads(dx, dtw, *g)
 
 
+def _host_only(backend):
+    if backend != "cpu":
+        raise ValueError(f"backend is {backend!r}: numpy arrays live on the host, so only 'cpu'; "
+                         f"use mok.moe with CUDA tensors for the CUDA backend")
+
+
 def forward(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate=None, ws_up=None,
-            ws_down=None, *, check_ids=True):
+            ws_down=None, *, backend="cpu", check_ids=True):
     """y = shared(x) + sum_j topk_weights[:, j] * expert_{topk_ids[:, j]}(x) on the CPU backend.
     Returns (y, saved): y [T, H] bf16 bits; saved for backward."""
+    _host_only(backend)
     return _forward(None, "mok.forward", x, topk_ids, topk_weights,
                     (w_gate, w_up, w_down, ws_gate, ws_up, ws_down), check_ids)
 
 
 def backward(dy, x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate=None, ws_up=None,
-             ws_down=None, *, saved, grad_mode="bf16", main_grads=None):
+             ws_down=None, *, saved, grad_mode="bf16", main_grads=None, backend="cpu"):
     """Gradients of the layer for dy [T, H] (bf16 bits), with the forward's inputs and `saved`.
     Returns Grads(dx, d_topk_weights, dw_gate, dw_up, dw_down, dws_gate, dws_up, dws_down); the
     weight grads are bf16 bits, or with grad_mode='f32' the given float32 main_grads, added to."""
+    _host_only(backend)
     return _backward(None, "mok.backward", dy, x, topk_ids, topk_weights,
                      (w_gate, w_up, w_down, ws_gate, ws_up, ws_down), saved, grad_mode,
                      main_grads)

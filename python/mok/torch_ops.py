@@ -146,7 +146,9 @@ def _forward_fake(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_u
         if t == 0:
             return y, x.new_empty(0, dtype=torch.uint8)
         backend, index = _where(x.device)
-        n = core.workspace(dims, t, backend, index, max_tokens).saved_bytes(t) + SAVED_ALIGN - 1
+        with _Device(x.device):
+            ws = core.workspace(dims, t, backend, index, max_tokens)
+        n = ws.saved_bytes(t) + SAVED_ALIGN - 1
     else:
         n = torch.library.get_ctx().new_dynamic_size()  # symbolic T: a data-dependent size
     return y, x.new_empty(n, dtype=torch.uint8)
