@@ -22,7 +22,7 @@ GPU_OBJ := $(patsubst %,build/%.o,$(basename $(GPU_SRC))) build/tests/gpu/main.o
 
 all: build/libmok.so build/libmok.a build/mok
 
-build/%.o: %.c $(wildcard include/*.h src/*.h src/cpu/*.h tests/*.h)
+build/%.o: %.c $(wildcard include/*.h src/*.h src/cpu/*.h tests/*.h tools/*.h)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Itests -c $< -o $@
 
@@ -37,10 +37,16 @@ build/libmok.a: $(LIB_OBJ)
 build/libmok.so: $(LIB_OBJ)
 	$(CC) -shared -o $@ $^ $(LDLIBS)
 
-build/mok: tools/mok.c build/libmok.a
-	$(CC) $(CFLAGS) -o $@ $< build/libmok.a $(LDLIBS)
+# The mok command: every tools/*.c but the README's example.
+TOOL_C  := $(filter-out tools/example.c,$(wildcard tools/*.c))
+build/mok: $(TOOL_C:%.c=build/%.o) build/libmok.a
+	$(CC) -o $@ $^ $(LDLIBS)
 
-build/test_mok: $(TEST_C:%.c=build/%.o) build/libmok.a
+# The README's C example, built (and run) by make test.
+build/example: tools/example.c build/libmok.a
+	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+
+build/test_mok: $(TEST_C:%.c=build/%.o) build/tools/cli.o build/libmok.a
 	$(CC) -o $@ $(filter %.o,$^) build/libmok.a $(LDLIBS)
 
 # The GPU test binary shares main.c with the CPU one; its tables.h lists the GPU test files.
@@ -59,8 +65,9 @@ build/tests/gpu/%.o: tests/gpu/%.cu $(wildcard include/*.h src/*.h src/cuda/*.cu
 build/test_gpu: $(GPU_OBJ) build/tests/harness.o build/libmok.a
 	$(CC) -o $@ $^ $(LDLIBS)
 
-test: all build/test_mok build/test_gpu
+test: all build/test_mok build/test_gpu build/example
 	./build/test_mok
+	./tests/cli.sh
 	MOK_LIB=build/libmok.so $(PYTHON) -m pytest -q python/tests
 
 gpu-check: all build/test_gpu
