@@ -59,15 +59,15 @@ def fingerprint(tensors):
     total = 0
     for t in tensors:
         b = t.detach().contiguous().view(-1).view(torch.uint8)
-        if b.numel() % 4:
-            b = torch.cat([b, b.new_zeros(4 - b.numel() % 4)])
+        if b.numel() % 4 or b.storage_offset() % 4:
+            b = torch.cat([b, b.new_zeros(-b.numel() % 4)])  # a fresh, padded copy
         words = b.view(torch.int32)
         chunk = 1 << 24
         key = (words.device, chunk)
         if key not in _MULT:
             g = torch.Generator(device=words.device).manual_seed(12345)
             _MULT[key] = torch.randint(1, 2 ** 31 - 1, (chunk,), generator=g, device=words.device,
-                                       dtype=torch.int64)
+                                       dtype=torch.int64) | 1  # odd: no change vanishes mod 2^64
         acc = torch.zeros((), dtype=torch.int64, device=words.device)
         for i in range(0, words.numel(), chunk):
             w = words[i:i + chunk].to(torch.int64)
