@@ -47,7 +47,7 @@ def make_inputs(shape, device, seed=0, tokens=None):
         ins.update(ws_gate=randn(shape.I_s, shape.H, scale=shape.H ** -0.5),
                    ws_up=randn(shape.I_s, shape.H, scale=shape.H ** -0.5),
                    ws_down=randn(shape.H, shape.I_s, scale=shape.I_s ** -0.5))
-    for n, v in ins.items():
+    for v in ins.values():
         if v is not None and v.is_floating_point():
             v.requires_grad_()
     return ins, randn(t, shape.H)

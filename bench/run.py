@@ -96,12 +96,12 @@ def _status(e):
     return f"error: {type(e).__name__}: {msg[:120]}"
 
 
-def run_impl(name, fn, shape, ins, dy, args, ctx=nullcontext(), note=None):
+def run_impl(name, fn, shape, ins, dy, args, ctx=None, note=None):
     tokens = ins["x"].shape[0]
     row = dict(shape=shape.name, impl=name, tokens=tokens, device=ins["x"].device.type,
                fwd_flops=fwd_flops(shape, tokens), note=note)
     try:
-        with ctx:
+        with ctx or nullcontext():
             row.update(measure(fn, ins, dy, budget_s=args.budget, min_reps=args.min_reps,
                                max_reps=args.max_reps, warmup=args.warmup))
         row["fwd_tflops"] = row["fwd_flops"] / row["fwd_ms"] / 1e9

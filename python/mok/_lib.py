@@ -43,7 +43,7 @@ class MokNcclError(MokError): pass
 class MokInternalError(MokError): pass
 
 
-# value -> (MOK_STATUS_LIST name, exception class); python/tests check the names against the library.
+# value -> (MOK_STATUS_LIST name, exception class); test_binding.py checks the names against C.
 STATUS = {
     0: ("MOK_OK", None),
     1: ("MOK_ERR_INVALID_ARG", MokInvalidArgument),

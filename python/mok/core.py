@@ -3,9 +3,10 @@ layer on raw pointers. numpy_api.py and torch_ops.py sit on top; neither talks t
 
 A workspace is cached per (layer dims, backend, device). A call with more tokens than the cached
 workspace holds replaces it with one for the next power of two (the `saved` buffers of earlier
-calls stay valid: they hold everything backward reads). Calls on one workspace must be ordered:
-the CPU backend takes a lock per workspace; CUDA calls must come on one stream (or be ordered by
-the caller), as mok's scratch is shared between the calls of a workspace.
+calls stay valid: they hold everything backward reads). The replaced one is kept until
+clear_cache(), since a CUDA graph captured earlier may still use it. Calls on one workspace must
+be ordered: the CPU backend takes a lock per workspace; CUDA calls must come on one stream (or be
+ordered by the caller), as mok's scratch is shared between the calls of a workspace.
 """
 import ctypes
 import os
@@ -150,6 +151,7 @@ class _NoLock:
 _cache_lock = threading.Lock()
 _contexts = {}    # (backend, device, threads) -> Context
 _workspaces = {}  # (dims, backend, device) -> Workspace
+_retired = []     # replaced by bigger ones; alive for graphs that captured them
 
 
 def context(backend="cpu", device=0):
@@ -187,18 +189,24 @@ def workspace(dims, tokens, backend="cpu", device=0, max_tokens=None):
         cur = _workspaces.get(key)
         if cur is not None and cur.max_tokens >= new.max_tokens:
             return cur  # another thread grew it meanwhile
+        if cur is not None:
+            _retired.append(cur)
         _workspaces[key] = new
         return new
 
 
-def cached_workspaces(backend=None, device=None):
+def cached_workspaces(backend=None, device=None, retired=False):
+    """The cached workspaces (with retired=True also those replaced by bigger ones)."""
     with _cache_lock:
-        return [ws for (d, b, dev), ws in _workspaces.items()
-                if (backend is None or b == backend) and (device is None or dev == device)]
+        every = list(_workspaces.values()) + (_retired if retired else [])
+    return [ws for ws in every if (backend is None or ws.backend == backend) and
+            (device is None or ws.ctx.device == device)]
 
 
 def clear_cache():
-    """Drops every cached workspace and context (their memory is freed once unreferenced)."""
+    """Drops every cached workspace and context (their memory is freed once unreferenced). No
+    CUDA graph that captured a mok call may be replayed after this."""
     with _cache_lock:
         _workspaces.clear()
+        _retired.clear()
         _contexts.clear()

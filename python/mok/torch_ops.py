@@ -249,7 +249,7 @@ def check(device=None):
     """Raises any device-side error (e.g. MokExpertIdError) flagged since the last check, for the
     cached workspaces on `device` (a torch device or None = all). Synchronises with the stream."""
     dev = None if device is None else torch.device(device)
-    for ws in core.cached_workspaces():
+    for ws in core.cached_workspaces(retired=True):
         if dev is not None and (ws.backend != dev.type or
                                 (dev.type == "cuda" and dev.index not in (None, ws.ctx.device))):
             continue

@@ -56,8 +56,8 @@ def layer_f64(L, round_like_mok=False):
     wg, wu, wd = _f64(L["w_gate"]), _f64(L["w_up"]), _f64(L["w_down"])
     t, h = x.shape
     out = {"y": np.zeros((t, h)), "dx": np.zeros((t, h)), "d_topk_weights": np.zeros(ids.shape),
-           "dw_gate": np.zeros(wg.shape), "dw_up": np.zeros(wu.shape), "dw_down": np.zeros(wd.shape),
-           "dws_gate": None, "dws_up": None, "dws_down": None}
+           "dw_gate": np.zeros(wg.shape), "dw_up": np.zeros(wu.shape),
+           "dw_down": np.zeros(wd.shape), "dws_gate": None, "dws_up": None, "dws_down": None}
     for e in range(wg.shape[0]):
         tok, slot = np.nonzero(ids == e)  # canonical order: token, then slot
         if tok.size == 0:
