@@ -53,13 +53,14 @@ def _check(where, tensors, real):
         if real and t.numel() and t.data_ptr() % TENSOR_ALIGN:
             raise ValueError(f"{where}: {name} (data_ptr {t.data_ptr():#x}) is not "
                              f"{TENSOR_ALIGN}-byte aligned; pass {name}.clone()")
-    if dev.type not in ("cpu", "cuda"):
+    if dev.type not in ("cpu", "cuda") and not (dev.type == "meta" and not real):
         raise ValueError(f"{where}: x is on {dev}; mok runs on 'cpu' or 'cuda' tensors")
     shapes = {n: (None if t is None else tuple(t.shape)) for n, t in tensors.items()}
     return layer_dims(where, **shapes)
 
 
 def _where(dev):
+    """(backend, device ordinal) for a tensor's device; meta tensors size `saved` as the CPU."""
     return ("cuda" if dev.type == "cuda" else "cpu",
             (dev.index if dev.index is not None else torch.cuda.current_device())
             if dev.type == "cuda" else 0)

@@ -165,6 +165,17 @@ def test_bad_input_names_the_argument():
         mok.MoELayer(64, 64, 4, 2, dtype=torch.float32)
 
 
+def test_meta_tensors_give_shapes():
+    layer = mok.MoELayer(64, 128, 8, 2, shared_inter=64, device="meta")
+    x = torch.empty(3, 5, 64, device="meta", dtype=torch.bfloat16, requires_grad=True)
+    ids = torch.empty(3, 5, 2, device="meta", dtype=torch.int64)
+    tw = torch.empty(3, 5, 2, device="meta", requires_grad=True)
+    y = layer(x, ids, tw)
+    assert y.shape == x.shape and y.device.type == "meta"
+    y.sum().backward()
+    assert x.grad.shape == x.shape and layer.w_down.grad.shape == layer.w_down.shape
+
+
 @needs_cuda
 def test_bad_device_names_the_argument():
     ten, _ = make(8, 64, 64, 4, 2, 0, "cuda")
