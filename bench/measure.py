@@ -86,6 +86,8 @@ def measure(fn, ins, dy, budget_s=1.0, min_reps=5, max_reps=50, warmup=2):
         del y, g
     clock.sync()
     per_iter = max((time.perf_counter() - t0) / max(warmup, 1), 1e-4)
+    if per_iter * min_reps > 4 * budget_s:  # very slow: fewer repeats rather than minutes
+        min_reps = 2
     reps = int(min(max_reps, max(min_reps, budget_s / per_iter)))
 
     pairs = []

@@ -99,10 +99,11 @@ def chart(path, ceiling, results):
     return None
 
 
-def write(out_dir, meta, ceiling, check, results):
+def write(out_dir, meta, ceiling, check, results, draw=True):
+    """Writes bench.json and bench.md (and with draw, bench.png); returns the markdown."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    why = chart(out / "bench.png", ceiling, results)
+    why = chart(out / "bench.png", ceiling, results) if draw else None
     if why:
         meta.setdefault("notes", []).append(f"no chart: {why}")
     md = markdown(meta, ceiling, check, results)

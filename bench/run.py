@@ -237,6 +237,8 @@ def main():
         gc.collect()
         if device == "cuda":
             torch.cuda.empty_cache()
+        report.add_ratios(results, ceiling["tflops"] if device == "cuda" else None)
+        report.write(args.out, meta, ceiling, check, results, draw=False)  # if killed later
 
     report.add_ratios(results, ceiling["tflops"] if device == "cuda" else None)
     md = report.write(args.out, meta, ceiling, check, results)
