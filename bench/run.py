@@ -4,7 +4,8 @@ the torch._grouped_mm layer in default and in deterministic mode, a per-expert l
 and the dense bf16 GEMM ceiling. Writes bench.json, bench.md and bench.png under --out and prints
 the table last.
 
-    python3 bench/run.py --out results/          # the full run (an H200: about 3 minutes)
+    python3 bench/run.py --out results/          # the full run (aimed at a few minutes on an
+                                                 # H200; no new shape starts after --deadline)
     python3 bench/run.py --smoke --out /tmp/r    # tiny shapes: checks the harness, GPU or CPU
 """
 import argparse
