@@ -73,7 +73,11 @@ test: all build/test_mok build/test_gpu build/example
 gpu-check: all build/test_gpu
 	./tools/gpu-check.sh
 
+# The benchmark of DESIGN.md section 7 (on the device): mok, the PyTorch baselines, the ceiling.
+bench: all
+	PYTHONUNBUFFERED=1 MOK_LIB=build/libmok.so $(PYTHON) bench/run.py --out results/
+
 clean:
 	rm -rf build
 
-.PHONY: all test gpu-check clean
+.PHONY: all test gpu-check bench clean
