@@ -194,7 +194,7 @@ def main():
         log(f"mok unavailable: {MOK_ERR}")
 
     meta = dict(date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-                commit=_git("rev-parse", "--short", "HEAD") + (
+                commit=os.environ.get("MOK_COMMIT") or _git("rev-parse", "--short", "HEAD") + (
                     "-dirty" if _git("status", "--porcelain", "--untracked-files=no") else ""),
                 device_name=torch.cuda.get_device_name() if device == "cuda" else
                 platform.processor() or "cpu",

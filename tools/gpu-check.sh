@@ -8,6 +8,8 @@ what=${1:-all}
 out=${OUT:-results}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1 MOK_LIB=build/libmok.so
+# The device gets a copy of the tree without .git: the caller passes the commit in MOK_COMMIT.
+export MOK_COMMIT=${MOK_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 summary=()
 step() { # step NAME TIMEOUT_S COMMAND...: runs it, logs to $out/NAME.log, records ok/FAIL
   local name=$1 limit=$2; shift 2
