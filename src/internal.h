@@ -53,7 +53,8 @@ struct mok_backend_ops;
 struct mok_context {
   mok_context_config cfg;
   const struct mok_backend_ops *ops;
-  int sm_count;  /* CUDA: multiprocessors of cfg.device */
+  int sm_count;  /* CUDA: multiprocessors the kernels may use (cfg.sms or all) */
+  int gemm_ctas; /* CUDA: CTAs of the persistent GEMMs: even, at most sm_count and resident */
 };
 
 struct mok_workspace {

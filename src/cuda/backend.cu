@@ -72,12 +72,15 @@ static mok_status cuda_context_init(mok_context *ctx) {
   if (tma_init() != 0)
     return mok_fail(MOK_ERR_UNSUPPORTED, "the CUDA driver has no cuTensorMapEncodeTiled (need 12.0+)");
   device_guard g;
+  int max_ctas = 0;
   TRY(device_enter(ctx, &g));
-  cudaError_t e = gemm_init();
+  cudaError_t e = gemm_init(&max_ctas);
   device_leave(ctx, &g);
   if (e != cudaSuccess) return cuda_fail(e, "GEMM kernel attributes");
   ctx->sm_count = p.multiProcessorCount;
   if (ctx->cfg.sms > 0 && ctx->cfg.sms < ctx->sm_count) ctx->sm_count = ctx->cfg.sms;
+  ctx->gemm_ctas = (ctx->sm_count < max_ctas ? ctx->sm_count : max_ctas) / 2 * 2;
+  if (ctx->gemm_ctas < 2) ctx->gemm_ctas = 2;
   return MOK_OK;
 }
 
@@ -247,7 +250,7 @@ static mok_status map3(CUtensorMap *m, const void *p, int64_t b, int64_t rows, i
 }
 
 static mok_status run(const call *c, gemm_kind kind, const gemm_args *g, const char *what) {
-  cudaError_t e = gemm_launch(kind, g, c->ws->ctx->sm_count, c->stream);
+  cudaError_t e = gemm_launch(kind, g, c->ws->ctx->gemm_ctas, c->stream);
   return e == cudaSuccess ? MOK_OK : cuda_fail(e, what);
 }
 
@@ -294,7 +297,7 @@ static mok_status down_fwd(const call *c, int routed, const void *a, const void 
   memset(&g, 0, sizeof g);
   int64_t rows = routed ? c->S.rows_cap : c->T;
   TRY(map2(&g.a, a, rows, I, 128));
-  TRY(map3(&g.b0, w_down, experts, c->H, I, 256));
+  TRY(map3(&g.b0, w_down, experts, c->H, I, 128));
   if (routed) rows_routed(c, &g); else rows_plain(c, &g);
   g.status = status_of(c);
   g.n = c->H;

@@ -6,13 +6,26 @@
  * Tile: BM x BN = 128 x 256 output, BK = 64, STAGES-deep TMA -> shared memory pipeline.
  * Warpgroup 0 produces (one thread issues TMA loads), warpgroups 1 and 2 consume: each computes
  * 64 rows x 256 columns with wgmma m64n256k16, 128 fp32 accumulators per thread.
+ *
+ * Clusters of two CTAs take the two 128-row halves of a 256-row pair of tiles with the same
+ * columns. When both halves belong to the same expert they need the same B tile: each CTA's
+ * producer loads half of it and multicasts it to both, which cuts L2 -> SM traffic per FLOP by a
+ * third. A stage may be refilled only when the consumers of both CTAs have released it, so every
+ * consumer releases its stage in both CTAs (empty barriers count 2 CTAs x 2 warpgroups), and the
+ * two CTAs walk their pipelines in lockstep: a CTA without a tile of its own (the odd last half)
+ * runs the k-loop as a "phantom", taking part in the barriers but loading and computing nothing.
+ *
  * Shared memory (gemm_smem) is 128B-swizzled, as TMA writes it and wgmma reads it:
  *   A, K-major:  [128 rows][64 k]           (one TMA box)
  *   A, MN-major: 2 x [64 k][64 m]           (consumer w reads box w)
- *   B, K-major:  [256 rows][64 k]           (one box, or two of 128 rows: gate | up)
+ *   B, K-major:  [256 rows][64 k]           (two boxes of 128 rows, one per CTA of the pair)
  *   B, MN-major: 4 x [64 k][64 n]           (LBO = 8 KB between the 64-wide n blocks)
+ * The epilogue stages 128 bytes of each of a warpgroup's 64 rows at a time in `epi` and sends each
+ * row with an asynchronous bulk copy (or bulk fp32 add), so rows land as whole sectors, may go to
+ * any address (routed rows scatter to their slots) and drain while the next tile loads.
+ *
  * Determinism: each output element is one accumulator summed over K in ascending k-blocks; no
- * split-K, no atomics; the tile order and the grid size change no bit.
+ * split-K, no order-dependent atomics; the tile order, cluster pairing and grid size change no bit.
  */
 #ifndef MOK_GEMM_CUH
 #define MOK_GEMM_CUH
@@ -24,57 +37,76 @@
 
 #define GEMM_A_BYTES (GEMM_BM * GEMM_BK * 2)   /* 16 KB */
 #define GEMM_B_BYTES (GEMM_BN * GEMM_BK * 2)   /* 32 KB */
+#define EPI_ROW 144                            /* 128 bytes of a row + 16: no bank conflicts */
 
 typedef struct gemm_smem {
   alignas(1024) __nv_bfloat16 a[GEMM_STAGES][GEMM_BM * GEMM_BK];
   alignas(1024) __nv_bfloat16 b[GEMM_STAGES][GEMM_BN * GEMM_BK];
-  uint64_t full[GEMM_STAGES];   /* TMA landed: producer arrive + tx bytes */
-  uint64_t empty[GEMM_STAGES];  /* both consumers done reading the stage */
+  alignas(128) char epi[2][64 * EPI_ROW]; /* per consumer warpgroup: 64 rows x 128 bytes */
+  uint64_t full[GEMM_STAGES];   /* TMA landed: own producer's arrive + tx bytes */
+  uint64_t empty[GEMM_STAGES];  /* released by both consumers of both CTAs */
 } gemm_smem;
 
 /* Dynamic shared memory is only 16-byte aligned; ask for 1 KB more and align by hand. */
 #define GEMM_SMEM_BYTES (sizeof(gemm_smem) + 1024)
 
 /* ---- tile scheduling ------------------------------------------------------------------------ */
+/* A cluster takes pairs of M tiles: CTA rank r computes M tile 2p + r of pair p. */
 typedef struct gemm_tile {
-  int m0, n0;   /* first output row and column */
+  int m0, n0;   /* first output row and column of this CTA's tile */
   int expert;   /* local expert (0 for the shared expert) */
   int k_row0;   /* weight gradients: first row of the expert's K range */
-  int k_blocks; /* number of BK-wide k-blocks */
+  int k_blocks; /* number of BK-wide k-blocks (the same for both CTAs of the pair) */
+  int valid;    /* 0: phantom, this CTA has no tile in the pair */
+  int shared;   /* both tiles of the pair exist and use the same B: multicast it */
 } gemm_tile;
 
+MOK_DEV int cluster_count(void) { return gridDim.x / 2; }
+MOK_DEV int cluster_id(void) { return blockIdx.x / 2; }
+
 /* Row-grouped products: M tiles over routed rows, N tiles of width `bn_out`. */
-MOK_DEV int rowgroup_tile_count(const gemm_args *g, int bn_out) {
-  int m_tiles = g->offsets ? g->offsets[g->experts] / GEMM_BM : g->m_tiles_max;
-  return m_tiles * ((g->n + bn_out - 1) / bn_out);
+MOK_DEV int rowgroup_m_tiles(const gemm_args *g) {
+  return g->offsets ? g->offsets[g->experts] / GEMM_BM : g->m_tiles_max;
 }
 
-MOK_DEV gemm_tile rowgroup_tile(const gemm_args *g, int t, int bn_out) {
-  int n_tiles = (g->n + bn_out - 1) / bn_out;
-  int mt = t / n_tiles;
+MOK_DEV int rowgroup_pair_count(const gemm_args *g, int bn_out) {
+  return (rowgroup_m_tiles(g) + 1) / 2 * ((g->n + bn_out - 1) / bn_out);
+}
+
+MOK_DEV gemm_tile rowgroup_tile(const gemm_args *g, int q, int bn_out, int rank) {
+  const int n_tiles = (g->n + bn_out - 1) / bn_out, m_tiles = rowgroup_m_tiles(g);
+  const int mp = q / n_tiles;
+  const int mt = 2 * mp + rank;
   gemm_tile r;
   r.m0 = mt * GEMM_BM;
-  r.n0 = (t - mt * n_tiles) * bn_out;
-  r.expert = g->mblock_expert ? g->mblock_expert[mt] : 0;
+  r.n0 = (q - mp * n_tiles) * bn_out;
+  r.valid = mt < m_tiles;
+  int e0 = g->mblock_expert ? g->mblock_expert[2 * mp] : 0;
+  int e1 = (2 * mp + 1 < m_tiles) ? (g->mblock_expert ? g->mblock_expert[2 * mp + 1] : 0) : -1;
+  r.shared = e1 == e0;
+  r.expert = rank ? e1 : e0;
   r.k_row0 = 0;
   r.k_blocks = g->k / GEMM_BK;
   return r;
 }
 
 /* Weight-gradient products: every expert has the same output tiles; K = its padded rows. */
-MOK_DEV int wgrad_tile_count(const gemm_args *g) {
-  return g->experts * g->m_tiles_max * ((g->n + GEMM_BN - 1) / GEMM_BN);
+MOK_DEV int wgrad_pair_count(const gemm_args *g) {
+  return g->experts * ((g->m_tiles_max + 1) / 2) * ((g->n + GEMM_BN - 1) / GEMM_BN);
 }
 
-MOK_DEV gemm_tile wgrad_tile(const gemm_args *g, int t) {
-  int n_tiles = (g->n + GEMM_BN - 1) / GEMM_BN;
-  int per_expert = g->m_tiles_max * n_tiles;
+MOK_DEV gemm_tile wgrad_tile(const gemm_args *g, int q, int rank) {
+  const int n_tiles = (g->n + GEMM_BN - 1) / GEMM_BN;
+  const int per_expert = (g->m_tiles_max + 1) / 2 * n_tiles;
   gemm_tile r;
-  r.expert = t / per_expert;
-  int rest = t - r.expert * per_expert;
-  int mt = rest / n_tiles;
+  r.expert = q / per_expert;
+  int rest = q - r.expert * per_expert;
+  int mp = rest / n_tiles;
+  int mt = 2 * mp + rank;
   r.m0 = mt * GEMM_BM;
-  r.n0 = (rest - mt * n_tiles) * GEMM_BN;
+  r.n0 = (rest - mp * n_tiles) * GEMM_BN;
+  r.valid = mt < g->m_tiles_max;
+  r.shared = 2 * mp + 1 < g->m_tiles_max;
   if (g->offsets) {
     r.k_row0 = g->offsets[r.expert];
     r.k_blocks = (g->offsets[r.expert + 1] - r.k_row0) / GEMM_BK;
@@ -85,9 +117,9 @@ MOK_DEV gemm_tile wgrad_tile(const gemm_args *g, int t) {
   return r;
 }
 
-/* ---- the consumer's k-loop ------------------------------------------------------------------- */
-/* Pipeline position shared by producer and consumers: iteration i uses stage i % STAGES, and
- * waits for phase parity (i / STAGES) & 1. Both sides walk the same tiles in the same order. */
+/* ---- the pipeline ---------------------------------------------------------------------------- */
+/* Pipeline position shared by producer and consumers (and by both CTAs of the cluster):
+ * iteration i uses stage i % STAGES and waits for phase parity (i / STAGES) & 1. */
 typedef struct gemm_pipe {
   uint32_t it;
 } gemm_pipe;
@@ -100,6 +132,14 @@ MOK_DEV void acc_zero(float *d) {
 MOK_DEV void acc_fence(float *d) {
 #pragma unroll
   for (int i = 0; i < 128; i++) fence_operand(d[i]);
+}
+
+/* One thread per consumer warpgroup frees stage s in both CTAs of the cluster. */
+MOK_DEV void stage_release(gemm_smem *sm, int s) {
+  if (threadIdx.x % 128 == 0) {
+    mbarrier_arrive_cluster(mapa_shared(&sm->empty[s], 0));
+    mbarrier_arrive_cluster(mapa_shared(&sm->empty[s], 1));
+  }
 }
 
 /* Consumer warpgroup `cw` (0 or 1) multiplies its 64 rows over the tile's k-blocks.
@@ -134,49 +174,64 @@ MOK_DEV void gemm_consume(gemm_smem *sm, gemm_pipe *p, int k_blocks, int cw, int
     /* Keep one group in flight: the previous k-block's stage is free once this one is issued. */
     wgmma_wait_group<1>();
     acc_fence(d);
-    if (prev >= 0 && threadIdx.x % 128 == 0) mbarrier_arrive(&sm->empty[prev]);
+    if (prev >= 0) stage_release(sm, prev);
     prev = s;
   }
   wgmma_wait_group<0>();
   acc_fence(d);
-  if (prev >= 0 && threadIdx.x % 128 == 0) mbarrier_arrive(&sm->empty[prev]);
+  if (prev >= 0) stage_release(sm, prev);
 }
 
-/* Producer: wait until stage s is free, then announce the bytes that will land in it. */
-MOK_DEV int gemm_produce_begin(gemm_smem *sm, gemm_pipe *p) {
+/* A CTA without a tile in the pair keeps its pipeline in step with its peer's. */
+MOK_DEV void gemm_consume_phantom(gemm_smem *sm, gemm_pipe *p, int k_blocks) {
+  for (int kb = 0; kb < k_blocks; kb++, p->it++) {
+    int s = (int)(p->it % GEMM_STAGES);
+    mbarrier_wait_parity(&sm->full[s], (p->it / GEMM_STAGES) & 1);
+    stage_release(sm, s);
+  }
+}
+
+/* Producer: waits until stage s is free in both CTAs. Returns s. For a real tile it announces
+ * the bytes that will land in this CTA's stage (its A, and all of B, half of it from the peer
+ * when shared); for a phantom it just arrives. */
+MOK_DEV int gemm_produce_begin(gemm_smem *sm, gemm_pipe *p, int valid) {
   int s = (int)(p->it % GEMM_STAGES);
-  if (p->it >= GEMM_STAGES) mbarrier_wait_parity(&sm->empty[s], ((p->it / GEMM_STAGES) - 1) & 1);
-  mbarrier_arrive_expect_tx(&sm->full[s], GEMM_A_BYTES + GEMM_B_BYTES);
+  if (p->it >= GEMM_STAGES)
+    mbarrier_wait_parity_cluster(&sm->empty[s], ((p->it / GEMM_STAGES) - 1) & 1);
+  if (valid)
+    mbarrier_arrive_expect_tx(&sm->full[s], GEMM_A_BYTES + GEMM_B_BYTES);
+  else
+    mbarrier_arrive(&sm->full[s]);
   return s;
 }
 
-/* ---- kernel prologue ------------------------------------------------------------------------ */
+/* ---- kernel prologue and end ------------------------------------------------------------------ */
 MOK_DEV gemm_smem *gemm_smem_init(char *raw) {
   gemm_smem *sm = (gemm_smem *)(((uintptr_t)raw + 1023) & ~(uintptr_t)1023);
   if (threadIdx.x == 0) {
     for (int s = 0; s < GEMM_STAGES; s++) {
       mbarrier_init(&sm->full[s], 1);
-      mbarrier_init(&sm->empty[s], 2);
+      mbarrier_init(&sm->empty[s], 4);
     }
     fence_mbarrier_init();
   }
-  __syncthreads();
+  cluster_sync(); /* the peer's barriers exist before anyone arrives on them */
   return sm;
 }
 
-/* ---- epilogue helpers ----------------------------------------------------------------------- */
+/* ---- epilogue: accumulator layout, staging, bulk row stores --------------------------------- */
 /* The m64n256 accumulator layout (PTX ISA 9.7.15.5.2, "Matrix fragments for wgmma.m64nNk16"):
  * thread l of warp q holds rows 16q + l/4 and 16q + l/4 + 8; for each 8-column group j,
  * d[4j + 0..1] are columns 8j + 2(l%4) + {0,1} of the first row, d[4j + 2..3] of the second. */
 typedef struct acc_pos {
-  int row;   /* first of the thread's two rows, relative to the tile */
+  int row;   /* first of the thread's two rows, relative to the warpgroup's 64 rows */
   int col;   /* column of d[0] relative to the tile; group j adds 8j */
 } acc_pos;
 
-MOK_DEV acc_pos acc_position(int cw) {
+MOK_DEV acc_pos acc_position(void) {
   int t = threadIdx.x % 128;
   acc_pos p;
-  p.row = cw * 64 + (t / 32) * 16 + (t % 32) / 4;
+  p.row = (t / 32) * 16 + (t % 32) / 4;
   p.col = (t % 4) * 2;
   return p;
 }
@@ -188,5 +243,44 @@ MOK_DEV uint32_t pack_bf16x2(float lo, float hi) {
 
 MOK_DEV float silu_f(float z) { return z / (1.0f + __expf(-z)); }
 MOK_DEV float sigmoid_f(float z) { return 1.0f / (1.0f + __expf(-z)); }
+
+/* One round of the staged epilogue moves 128 bytes of each of the warpgroup's 64 rows:
+ *   epi_round_begin: the previous round's copies have read the stage (thread r < 64 issued row r);
+ *   epi_put_*:       every thread writes its values into the stage;
+ *   epi_round_send:  thread r < 64 sends row r to dst (NULL: nothing), store or fp32 add. */
+MOK_DEV char *epi_stage(gemm_smem *sm, int cw) { return sm->epi[cw]; }
+
+MOK_DEV void epi_round_begin(int cw) {
+  if (threadIdx.x % 128 < 64) bulk_wait_group_read<0>();
+  named_barrier_sync(1 + cw, 128);
+}
+
+/* Two bf16 at column `col` (0..63) of row `row` (0..63) of the stage. */
+MOK_DEV void epi_put_bf16x2(char *stage, int row, int col, uint32_t v) {
+  *(uint32_t *)(stage + row * EPI_ROW + col * 2) = v;
+}
+
+/* Two fp32 at column `col` (0..31) of row `row` of the stage. */
+MOK_DEV void epi_put_f32x2(char *stage, int row, int col, float lo, float hi) {
+  *(float2 *)(stage + row * EPI_ROW + col * 4) = make_float2(lo, hi);
+}
+
+MOK_DEV void epi_round_send(char *stage, int cw, char *dst, int add_f32) {
+  fence_proxy_async_shared(); /* our st.shared before the bulk copy engine reads them */
+  named_barrier_sync(1 + cw, 128);
+  int r = threadIdx.x % 128;
+  if (r < 64) {
+    if (dst) {
+      if (add_f32) bulk_reduce_add_f32(dst, stage + r * EPI_ROW, 128);
+      else bulk_store(dst, stage + r * EPI_ROW, 128);
+    }
+    bulk_commit_group();
+  }
+}
+
+/* Before the kernel ends: every row copy has reached global memory. */
+MOK_DEV void epi_drain(void) {
+  if (threadIdx.x % 128 < 64) bulk_wait_group<0>();
+}
 
 #endif /* MOK_GEMM_CUH */

@@ -56,8 +56,11 @@ typedef struct gemm_args {
   int accumulate;   /* weight gradients: 1 = fp32 out += acc, 0 = bf16 out = acc */
 } gemm_args;
 
-cudaError_t gemm_init(void); /* once per device, before any launch */
-cudaError_t gemm_launch(gemm_kind kind, const gemm_args *g, int sm_count, cudaStream_t stream);
+/* Once per device, before any launch and outside graph capture: sets the kernels' attributes and
+ * gives the most CTAs (clusters of two, one CTA per SM) that can be resident at once. */
+cudaError_t gemm_init(int *max_ctas);
+/* Launches on at most `ctas` CTAs (even); the grid never changes a bit of the result. */
+cudaError_t gemm_launch(gemm_kind kind, const gemm_args *g, int ctas, cudaStream_t stream);
 
 /* ---- tensor maps (tma.cu) ------------------------------------------------------------------- */
 /* Looks up the driver's encoder; 0 on success. Called at context creation, outside any capture. */

@@ -1,8 +1,9 @@
 /*
  * ptx.cuh: every inline PTX instruction mok uses, one small wrapper each, named after the
  * instruction (and its ordering/scope where it has one). Nothing else in mok writes asm.
- * Section numbers cite the PTX ISA (version 8.x): 9.7.9.25 TMA (cp.async.bulk.tensor), 9.7.13
- * mbarrier, 9.7.15 wgmma, 9.7.16.5 setmaxnreg.
+ * Section numbers cite the PTX ISA (version 8.x): 9.7.9.24 bulk copies (cp.async.bulk,
+ * cp.reduce.async.bulk), 9.7.9.25 TMA (cp.async.bulk.tensor), 9.7.13 mbarrier, 9.7.15 wgmma,
+ * 9.7.16.5 setmaxnreg, 9.7.12.3 barrier.cluster, 9.7.9.16 mapa.
  */
 #ifndef MOK_PTX_CUH
 #define MOK_PTX_CUH
@@ -21,6 +22,32 @@ MOK_DEV uint64_t globaltimer_ns(void) {
 
 MOK_DEV uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
 
+/* ---- clusters ------------------------------------------------------------------------------- */
+MOK_DEV uint32_t cluster_ctarank(void) {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+  return r;
+}
+
+/* All threads of all CTAs of the cluster: orders barrier inits before peers use them, and keeps
+ * a CTA alive until its peer no longer writes into its shared memory. */
+MOK_DEV void cluster_sync(void) {
+  asm volatile("barrier.cluster.arrive.release.aligned;\n"
+               "barrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+
+/* The shared::cluster address of the same variable in CTA `rank` of the cluster. */
+MOK_DEV uint32_t mapa_shared(const void *p, uint32_t rank) {
+  uint32_t r;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(smem_u32(p)), "r"(rank));
+  return r;
+}
+
+/* Named barrier over `threads` threads (a multiple of 32); id 0 is __syncthreads'. */
+MOK_DEV void named_barrier_sync(uint32_t id, uint32_t threads) {
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+
 /* ---- mbarrier (9.7.13) -------------------------------------------------------------------- */
 MOK_DEV void mbarrier_init(uint64_t *bar, uint32_t count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)), "r"(count));
@@ -37,6 +64,12 @@ MOK_DEV void mbarrier_arrive(uint64_t *bar) {
 }
 
 /* Arrives and tells the barrier to wait for `bytes` more bytes of TMA traffic. */
+/* Arrives on an mbarrier of any CTA of the cluster (address from mapa_shared). */
+MOK_DEV void mbarrier_arrive_cluster(uint32_t cluster_addr) {
+  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(cluster_addr)
+               : "memory");
+}
+
 MOK_DEV void mbarrier_arrive_expect_tx(uint64_t *bar, uint32_t bytes) {
   asm volatile("mbarrier.arrive.expect_tx.release.cta.shared::cta.b64 _, [%0], %1;"
                ::"r"(smem_u32(bar)), "r"(bytes) : "memory");
@@ -52,6 +85,16 @@ MOK_DEV int mbarrier_try_wait_parity(uint64_t *bar, uint32_t parity) {
   return (int)done;
 }
 
+MOK_DEV int mbarrier_try_wait_parity_cluster(uint64_t *bar, uint32_t parity) {
+  uint32_t done;
+  asm volatile(
+      "{\n .reg .pred p;\n"
+      " mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
+      " selp.u32 %0, 1, 0, p;\n}\n"
+      : "=r"(done) : "r"(smem_u32(bar)), "r"(parity) : "memory");
+  return (int)done;
+}
+
 /* Waits for the phase with this parity to complete. A pipeline bug must not hang the GPU: after
  * ~10 s of waiting the kernel traps (the launch then fails with an error). */
 MOK_DEV void mbarrier_wait_parity(uint64_t *bar, uint32_t parity) {
@@ -59,6 +102,16 @@ MOK_DEV void mbarrier_wait_parity(uint64_t *bar, uint32_t parity) {
   uint64_t start = globaltimer_ns();
   for (uint32_t spins = 1;; spins++) {
     if (mbarrier_try_wait_parity(bar, parity)) return;
+    if ((spins & 1023u) == 0 && globaltimer_ns() - start > 10000000000ull) __trap();
+  }
+}
+
+/* The same, for barriers that threads of other CTAs arrive on (acquire at cluster scope). */
+MOK_DEV void mbarrier_wait_parity_cluster(uint64_t *bar, uint32_t parity) {
+  if (mbarrier_try_wait_parity_cluster(bar, parity)) return;
+  uint64_t start = globaltimer_ns();
+  for (uint32_t spins = 1;; spins++) {
+    if (mbarrier_try_wait_parity_cluster(bar, parity)) return;
     if ((spins & 1023u) == 0 && globaltimer_ns() - start > 10000000000ull) __trap();
   }
 }
@@ -78,6 +131,52 @@ MOK_DEV void tma_load_3d(void *dst, const CUtensorMap *map, uint64_t *bar, int c
       " [%0], [%1, {%3, %4, %5}], [%2];"
       ::"r"(smem_u32(dst)), "l"(map), "r"(smem_u32(bar)), "r"(c0), "r"(c1), "r"(c2)
       : "memory");
+}
+
+/* Multicast: the box lands at the same offset in every CTA of `cta_mask`, each completing its
+ * own mbarrier at the same offset. */
+MOK_DEV void tma_load_2d_multicast(void *dst, const CUtensorMap *map, uint64_t *bar, int c0,
+                                   int c1, uint16_t cta_mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      ".multicast::cluster [%0], [%1, {%3, %4}], [%2], %5;"
+      ::"r"(smem_u32(dst)), "l"(map), "r"(smem_u32(bar)), "r"(c0), "r"(c1), "h"(cta_mask)
+      : "memory");
+}
+
+MOK_DEV void tma_load_3d_multicast(void *dst, const CUtensorMap *map, uint64_t *bar, int c0,
+                                   int c1, int c2, uint16_t cta_mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      ".multicast::cluster [%0], [%1, {%3, %4, %5}], [%2], %6;"
+      ::"r"(smem_u32(dst)), "l"(map), "r"(smem_u32(bar)), "r"(c0), "r"(c1), "r"(c2),
+        "h"(cta_mask)
+      : "memory");
+}
+
+/* ---- bulk copies shared -> global (9.7.9.24) ---------------------------------------------- */
+/* Copies `bytes` (a multiple of 16, both addresses 16-byte aligned) asynchronously. */
+MOK_DEV void bulk_store(void *dst, const void *src, uint32_t bytes) {
+  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;"
+               ::"l"(dst), "r"(smem_u32(src)), "r"(bytes) : "memory");
+}
+
+/* dst[i] += src[i] for fp32 elements, asynchronously, in the memory system. */
+MOK_DEV void bulk_reduce_add_f32(void *dst, const void *src, uint32_t bytes) {
+  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;"
+               ::"l"(dst), "r"(smem_u32(src)), "r"(bytes) : "memory");
+}
+
+MOK_DEV void bulk_commit_group(void) { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
+
+/* Waits until the shared memory of all but the newest N groups has been read. */
+template <int N> MOK_DEV void bulk_wait_group_read(void) {
+  asm volatile("cp.async.bulk.wait_group.read %0;" ::"n"(N) : "memory");
+}
+
+/* Waits until all but the newest N groups are complete (written to global memory). */
+template <int N> MOK_DEV void bulk_wait_group(void) {
+  asm volatile("cp.async.bulk.wait_group %0;" ::"n"(N) : "memory");
 }
 
 MOK_DEV void prefetch_tensormap(const CUtensorMap *map) {
