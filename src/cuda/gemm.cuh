@@ -44,7 +44,7 @@ typedef struct gemm_smem {
   alignas(1024) __nv_bfloat16 b[GEMM_STAGES][GEMM_BN * GEMM_BK];
   alignas(128) char epi[2][64 * EPI_ROW]; /* per consumer warpgroup: 64 rows x 128 bytes */
   uint64_t full[GEMM_STAGES];   /* TMA landed: own producer's arrive + tx bytes */
-  uint64_t empty[GEMM_STAGES];  /* released by both consumers of both CTAs */
+  uint64_t empty[GEMM_STAGES];  /* released by both consumers of every CTA of the cluster */
 } gemm_smem;
 
 /* Dynamic shared memory is only 16-byte aligned; ask for 1 KB more and align by hand. */
@@ -61,8 +61,8 @@ typedef struct gemm_tile {
   int shared;   /* both tiles of the pair exist and use the same B: multicast it */
 } gemm_tile;
 
-MOK_DEV int cluster_count(void) { return gridDim.x / 2; }
-MOK_DEV int cluster_id(void) { return blockIdx.x / 2; }
+MOK_DEV int cluster_count(void) { return gridDim.x / GEMM_CLUSTER; }
+MOK_DEV int cluster_id(void) { return blockIdx.x / GEMM_CLUSTER; }
 
 /* Row-grouped products: M tiles over routed rows, N tiles of width `bn_out`. */
 MOK_DEV int rowgroup_m_tiles(const gemm_args *g) {
@@ -70,20 +70,22 @@ MOK_DEV int rowgroup_m_tiles(const gemm_args *g) {
 }
 
 MOK_DEV int rowgroup_pair_count(const gemm_args *g, int bn_out) {
-  return (rowgroup_m_tiles(g) + 1) / 2 * ((g->n + bn_out - 1) / bn_out);
+  return (rowgroup_m_tiles(g) + GEMM_CLUSTER - 1) / GEMM_CLUSTER * ((g->n + bn_out - 1) / bn_out);
 }
 
 MOK_DEV gemm_tile rowgroup_tile(const gemm_args *g, int q, int bn_out, int rank) {
   const int n_tiles = (g->n + bn_out - 1) / bn_out, m_tiles = rowgroup_m_tiles(g);
   const int mp = q / n_tiles;
-  const int mt = 2 * mp + rank;
+  const int m_first = GEMM_CLUSTER * mp, mt = m_first + rank;
   gemm_tile r;
   r.m0 = mt * GEMM_BM;
   r.n0 = (q - mp * n_tiles) * bn_out;
   r.valid = mt < m_tiles;
-  int e0 = g->mblock_expert ? g->mblock_expert[2 * mp] : 0;
-  int e1 = (2 * mp + 1 < m_tiles) ? (g->mblock_expert ? g->mblock_expert[2 * mp + 1] : 0) : -1;
-  r.shared = e1 == e0;
+  int e0 = g->mblock_expert ? g->mblock_expert[m_first] : 0;
+  int e1 = -1;
+  if (GEMM_CLUSTER == 2 && m_first + 1 < m_tiles)
+    e1 = g->mblock_expert ? g->mblock_expert[m_first + 1] : 0;
+  r.shared = GEMM_CLUSTER == 2 && e1 == e0;
   r.expert = rank ? e1 : e0;
   r.k_row0 = 0;
   r.k_blocks = g->k / GEMM_BK;
@@ -92,21 +94,22 @@ MOK_DEV gemm_tile rowgroup_tile(const gemm_args *g, int q, int bn_out, int rank)
 
 /* Weight-gradient products: every expert has the same output tiles; K = its padded rows. */
 MOK_DEV int wgrad_pair_count(const gemm_args *g) {
-  return g->experts * ((g->m_tiles_max + 1) / 2) * ((g->n + GEMM_BN - 1) / GEMM_BN);
+  return g->experts * ((g->m_tiles_max + GEMM_CLUSTER - 1) / GEMM_CLUSTER) *
+         ((g->n + GEMM_BN - 1) / GEMM_BN);
 }
 
 MOK_DEV gemm_tile wgrad_tile(const gemm_args *g, int q, int rank) {
   const int n_tiles = (g->n + GEMM_BN - 1) / GEMM_BN;
-  const int per_expert = (g->m_tiles_max + 1) / 2 * n_tiles;
+  const int per_expert = (g->m_tiles_max + GEMM_CLUSTER - 1) / GEMM_CLUSTER * n_tiles;
   gemm_tile r;
   r.expert = q / per_expert;
   int rest = q - r.expert * per_expert;
   int mp = rest / n_tiles;
-  int mt = 2 * mp + rank;
+  int mt = GEMM_CLUSTER * mp + rank;
   r.m0 = mt * GEMM_BM;
   r.n0 = (rest - mp * n_tiles) * GEMM_BN;
   r.valid = mt < g->m_tiles_max;
-  r.shared = 2 * mp + 1 < g->m_tiles_max;
+  r.shared = GEMM_CLUSTER == 2 && GEMM_CLUSTER * mp + 1 < g->m_tiles_max;
   if (g->offsets) {
     r.k_row0 = g->offsets[r.expert];
     r.k_blocks = (g->offsets[r.expert + 1] - r.k_row0) / GEMM_BK;
@@ -134,11 +137,15 @@ MOK_DEV void acc_fence(float *d) {
   for (int i = 0; i < 128; i++) fence_operand(d[i]);
 }
 
-/* One thread per consumer warpgroup frees stage s in both CTAs of the cluster. */
+/* One thread per consumer warpgroup frees stage s in every CTA of the cluster. */
 MOK_DEV void stage_release(gemm_smem *sm, int s) {
   if (threadIdx.x % 128 == 0) {
-    mbarrier_arrive_cluster(mapa_shared(&sm->empty[s], 0));
-    mbarrier_arrive_cluster(mapa_shared(&sm->empty[s], 1));
+    if (GEMM_CLUSTER == 1) {
+      mbarrier_arrive(&sm->empty[s]);
+    } else {
+#pragma unroll
+      for (int r = 0; r < GEMM_CLUSTER; r++) mbarrier_arrive_cluster(mapa_shared(&sm->empty[s], r));
+    }
   }
 }
 
@@ -197,7 +204,7 @@ MOK_DEV void gemm_consume_phantom(gemm_smem *sm, gemm_pipe *p, int k_blocks) {
 MOK_DEV int gemm_produce_begin(gemm_smem *sm, gemm_pipe *p, int valid) {
   int s = (int)(p->it % GEMM_STAGES);
   if (p->it >= GEMM_STAGES)
-    mbarrier_wait_parity_cluster(&sm->empty[s], ((p->it / GEMM_STAGES) - 1) & 1);
+    mbarrier_wait_parity(&sm->empty[s], ((p->it / GEMM_STAGES) - 1) & 1);
   if (valid)
     mbarrier_arrive_expect_tx(&sm->full[s], GEMM_A_BYTES + GEMM_B_BYTES);
   else
@@ -211,7 +218,7 @@ MOK_DEV gemm_smem *gemm_smem_init(char *raw) {
   if (threadIdx.x == 0) {
     for (int s = 0; s < GEMM_STAGES; s++) {
       mbarrier_init(&sm->full[s], 1);
-      mbarrier_init(&sm->empty[s], 4);
+      mbarrier_init(&sm->empty[s], 2 * GEMM_CLUSTER);
     }
     fence_mbarrier_init();
   }

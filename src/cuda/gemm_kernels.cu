@@ -382,7 +382,7 @@ static cudaLaunchConfig_t launch_config(int ctas, cudaStream_t stream, cudaLaunc
   cfg.dynamicSmemBytes = GEMM_SMEM_BYTES;
   cfg.stream = stream;
   attr->id = cudaLaunchAttributeClusterDimension;
-  attr->val.clusterDim.x = 2;
+  attr->val.clusterDim.x = GEMM_CLUSTER;
   attr->val.clusterDim.y = 1;
   attr->val.clusterDim.z = 1;
   cfg.attrs = attr;
@@ -401,25 +401,26 @@ cudaError_t gemm_init(int *max_ctas) {
     if (e != cudaSuccess) return e;
   }
   cudaLaunchAttribute attr;
-  cudaLaunchConfig_t cfg = launch_config(2, 0, &attr);
+  cudaLaunchConfig_t cfg = launch_config(GEMM_CLUSTER, 0, &attr);
   int clusters = 0;
   cudaError_t e = cudaOccupancyMaxActiveClusters(&clusters, (const void *)gemm_fns[0], &cfg);
   if (e != cudaSuccess) return e;
-  *max_ctas = 2 * clusters;
+  *max_ctas = GEMM_CLUSTER * clusters;
   return cudaSuccess;
 }
 
 static int ceil_div(int a, int b) { return (a + b - 1) / b; }
 
 cudaError_t gemm_launch(gemm_kind kind, const gemm_args *g, int max_ctas, cudaStream_t stream) {
+  const int C = GEMM_CLUSTER;
   int pairs;
   switch (kind) {
-    case GEMM_FWD_GATEUP: pairs = ceil_div(g->m_tiles_max, 2) * ceil_div(g->n, 128); break;
-    case GEMM_WGRAD: pairs = g->experts * ceil_div(g->m_tiles_max, 2) * ceil_div(g->n, 256); break;
-    default: pairs = ceil_div(g->m_tiles_max, 2) * ceil_div(g->n, 256); break;
+    case GEMM_FWD_GATEUP: pairs = ceil_div(g->m_tiles_max, C) * ceil_div(g->n, 128); break;
+    case GEMM_WGRAD: pairs = g->experts * ceil_div(g->m_tiles_max, C) * ceil_div(g->n, 256); break;
+    default: pairs = ceil_div(g->m_tiles_max, C) * ceil_div(g->n, 256); break;
   }
-  int ctas = 2 * pairs < max_ctas ? 2 * pairs : max_ctas;
-  if (ctas < 2) ctas = 2;
+  int ctas = C * pairs < max_ctas ? C * pairs : max_ctas;
+  if (ctas < C) ctas = C;
   cudaLaunchAttribute attr;
   cudaLaunchConfig_t cfg = launch_config(ctas, stream, &attr);
   return cudaLaunchKernelEx(&cfg, gemm_fns[kind], *g);

@@ -16,6 +16,9 @@
 #define GEMM_BK 64       /* k-block: 64 bf16 = one 128-byte swizzle row */
 #define GEMM_STAGES 4
 #define GEMM_THREADS 384 /* producer warpgroup + two consumer warpgroups */
+#ifndef GEMM_CLUSTER
+#define GEMM_CLUSTER 2   /* CTAs per cluster sharing (multicasting) B tiles: 1 or 2 */
+#endif
 typedef enum gemm_kind {
   GEMM_FWD_GATEUP,    /* gu, hw <- A x [gate | up]^T, SwiGLU epilogue */
   GEMM_FWD_DOWN,      /* slot rows (or fp32 rows) <- A x W_down^T */
