@@ -157,6 +157,7 @@ MOK_DEV void epi_swiglu_fwd(const gemm_args *g, const gemm_tile *tl, gemm_smem *
   }
 }
 
+#ifndef EPI_BWD_DIRECT
 /* Down dgrad: the accumulator is dh for (row, i = n0 + c). With the saved ĝ, û:
  * router-gradient partial per 64-column chunk = sum dh * silu(ĝ) * û (thread order, then the
  * quad in xor order: fixed); d = w * dh; dĝ = d û σ (1 + ĝ (1 - σ)), dû = d ĝ σ.
@@ -220,6 +221,54 @@ MOK_DEV void epi_swiglu_bwd(const gemm_args *g, const gemm_tile *tl, gemm_smem *
     }
   }
 }
+
+#endif
+
+#ifdef EPI_BWD_DIRECT
+/* Experiment: the v1 one-pass down-dgrad epilogue (ĝ, û read once, dgu stored directly). */
+MOK_DEV void epi_swiglu_bwd(const gemm_args *g, const gemm_tile *tl, gemm_smem *sm,
+                                   int cw, float *d) {
+  (void)sm;
+  const acc_pos p = acc_position();
+  const int I = g->n;
+#pragma unroll
+  for (int h = 0; h < 2; h++) {
+    int r = tl->m0 + cw * 64 + p.row + 8 * h;
+    bool valid = r < g->rows_valid;
+    float w = 1.0f;
+    if (valid && g->row_weight) w = g->row_weight[r];
+    const __nv_bfloat16 *gu = g->gu_in + (size_t)(valid ? r : 0) * 2 * I;
+    __nv_bfloat16 *dgu = (__nv_bfloat16 *)g->out0 + (size_t)r * 2 * I;
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+      float part = 0.0f;
+#pragma unroll
+      for (int jj = 0; jj < 8; jj++) {
+        int j = 8 * q + jj;
+        int i = tl->n0 + p.col + 8 * j;
+        if (!valid || i >= I) continue;
+        float2 gf = __bfloat1622float2(*(const __nv_bfloat162 *)(gu + i));
+        float2 uf = __bfloat1622float2(*(const __nv_bfloat162 *)(gu + I + i));
+        float dh0 = d[4 * j + 2 * h], dh1 = d[4 * j + 2 * h + 1];
+        float s0 = sigmoid_f(gf.x), s1 = sigmoid_f(gf.y);
+        part = part + dh0 * silu_f(gf.x) * uf.x;
+        part = part + dh1 * silu_f(gf.y) * uf.y;
+        float d0 = w * dh0, d1 = w * dh1;
+        *(uint32_t *)(dgu + i) = pack_bf16x2(d0 * uf.x * s0 * (1.0f + gf.x * (1.0f - s0)),
+                                             d1 * uf.y * s1 * (1.0f + gf.y * (1.0f - s1)));
+        *(uint32_t *)(dgu + I + i) = pack_bf16x2(d0 * gf.x * s0, d1 * gf.y * s1);
+      }
+      part += __shfl_xor_sync(0xffffffffu, part, 1);
+      part += __shfl_xor_sync(0xffffffffu, part, 2);
+      int chunk = tl->n0 / 64 + q;
+      if (valid && g->aux && p.col == 0 && chunk * 64 < I) {
+        int slot = g->row_src[r];
+        if (slot >= 0) g->aux[(size_t)slot * (I / 64) + chunk] = part;
+      }
+    }
+  }
+}
+#endif
 
 /* Weight gradient of expert e: row m < k_split goes to out0[e][m], else out1[e][m - k_split];
  * bf16 store (four rounds of 64 columns), or fp32 out += acc (eight rounds of 32, added by the
