@@ -157,7 +157,7 @@ MOK_DEV void epi_swiglu_fwd(const gemm_args *g, const gemm_tile *tl, gemm_smem *
   }
 }
 
-#ifndef EPI_BWD_DIRECT
+#ifdef EPI_BWD_STAGED
 /* Down dgrad: the accumulator is dh for (row, i = n0 + c). With the saved ĝ, û:
  * router-gradient partial per 64-column chunk = sum dh * silu(ĝ) * û (thread order, then the
  * quad in xor order: fixed); d = w * dh; dĝ = d û σ (1 + ĝ (1 - σ)), dû = d ĝ σ.
@@ -224,8 +224,10 @@ MOK_DEV void epi_swiglu_bwd(const gemm_args *g, const gemm_tile *tl, gemm_smem *
 
 #endif
 
-#ifdef EPI_BWD_DIRECT
-/* Experiment: the v1 one-pass down-dgrad epilogue (ĝ, û read once, dgu stored directly). */
+#ifndef EPI_BWD_STAGED
+/* Down dgrad, one pass: ĝ, û read once per element, dgu stored directly from registers; the
+ * router-gradient partial per 64-column chunk summed in thread order, then the quad in xor
+ * order (fixed). */
 MOK_DEV void epi_swiglu_bwd(const gemm_args *g, const gemm_tile *tl, gemm_smem *sm,
                                    int cw, float *d) {
   (void)sm;
@@ -270,6 +272,35 @@ MOK_DEV void epi_swiglu_bwd(const gemm_args *g, const gemm_tile *tl, gemm_smem *
 }
 #endif
 
+#ifdef EPI_WGRAD_DIRECT
+/* Weight gradient, direct: each thread stores its pairs (bf16) or adds them (fp32) in place. */
+MOK_DEV void epi_wgrad(const gemm_args *g, const gemm_tile *tl, gemm_smem *sm, int cw,
+                       float *d) {
+  (void)sm;
+  const acc_pos p = acc_position();
+  const int split = g->k_split, rest = g->m - g->k_split;
+#pragma unroll
+  for (int h = 0; h < 2; h++) {
+    int m = tl->m0 + cw * 64 + p.row + 8 * h;
+    if (m >= g->m) continue;
+    size_t row = m < split ? ((size_t)tl->expert * split + m) : ((size_t)tl->expert * rest + m - split);
+    void *base = m < split ? g->out0 : g->out1;
+#pragma unroll
+    for (int j = 0; j < 32; j++) {
+      int c = tl->n0 + p.col + 8 * j;
+      if (c >= g->n) continue;
+      float v0 = d[4 * j + 2 * h], v1 = d[4 * j + 2 * h + 1];
+      if (g->accumulate) {
+        float2 *o = (float2 *)((float *)base + row * g->ld_out + c);
+        float2 old = *o;
+        *o = make_float2(old.x + v0, old.y + v1);
+      } else {
+        *(uint32_t *)((__nv_bfloat16 *)base + row * g->ld_out + c) = pack_bf16x2(v0, v1);
+      }
+    }
+  }
+}
+#else
 /* Weight gradient of expert e: row m < k_split goes to out0[e][m], else out1[e][m - k_split];
  * bf16 store (four rounds of 64 columns), or fp32 out += acc (eight rounds of 32, added by the
  * memory system: one add per element, so the result does not depend on timing). */
@@ -319,6 +350,7 @@ MOK_DEV void epi_wgrad(const gemm_args *g, const gemm_tile *tl, gemm_smem *sm, i
     }
   }
 }
+#endif
 
 /* ---- kernels -------------------------------------------------------------------------------- */
 /* The body shared by all kernels: `COUNT` pairs of tiles, `TILE` the tile of pair q for this
