@@ -157,74 +157,6 @@ MOK_DEV void epi_swiglu_fwd(const gemm_args *g, const gemm_tile *tl, gemm_smem *
   }
 }
 
-#ifdef EPI_BWD_STAGED
-/* Down dgrad: the accumulator is dh for (row, i = n0 + c). With the saved ĝ, û:
- * router-gradient partial per 64-column chunk = sum dh * silu(ĝ) * û (thread order, then the
- * quad in xor order: fixed); d = w * dh; dĝ = d û σ (1 + ĝ (1 - σ)), dû = d ĝ σ.
- * Per 64-column chunk two rounds, dĝ (with the partial) then dû, each reading ĝ, û again rather
- * than holding them: registers are the scarce thing here. */
-MOK_DEV void epi_swiglu_bwd(const gemm_args *g, const gemm_tile *tl, gemm_smem *sm, int cw,
-                            float *d) {
-  const acc_pos p = acc_position();
-  const int I = g->n;
-  char *stage = epi_stage(sm, cw);
-  const int me = threadIdx.x % 128;
-  char *dgu_row = NULL;
-  if (me < 64 && tl->m0 + cw * 64 + me < g->rows_valid)
-    dgu_row = (char *)g->out0 + (size_t)(tl->m0 + cw * 64 + me) * 2 * I * 2;
-#pragma unroll
-  for (int q = 0; q < 4; q++) {
-    const int i0 = tl->n0 + 64 * q;
-    if (i0 >= I) break;
-#pragma unroll
-    for (int half = 0; half < 2; half++) { /* 0: dĝ and the partial, 1: dû */
-      epi_round_begin(cw);
-#pragma unroll
-      for (int h = 0; h < 2; h++) {
-        const int r = tl->m0 + cw * 64 + p.row + 8 * h;
-        const bool valid = r < g->rows_valid;
-        const float w = valid && g->row_weight ? g->row_weight[r] : 1.0f;
-        const __nv_bfloat16 *gu = g->gu_in + (size_t)(valid ? r : 0) * 2 * I;
-        float part = 0.0f;
-#pragma unroll
-        for (int jj = 0; jj < 8; jj++) {
-          const int i = i0 + 8 * jj + p.col;
-          const float *dh = d + 4 * (8 * q + jj) + 2 * h;
-          uint32_t v = 0;
-          if (valid) {
-            float2 gf = __bfloat1622float2(*(const __nv_bfloat162 *)(gu + i));
-            float2 uf = __bfloat1622float2(*(const __nv_bfloat162 *)(gu + I + i));
-            float s0 = sigmoid_f(gf.x), s1 = sigmoid_f(gf.y);
-            float d0 = w * dh[0], d1 = w * dh[1];
-            if (half == 0) {
-              part = part + dh[0] * silu_f(gf.x) * uf.x;
-              part = part + dh[1] * silu_f(gf.y) * uf.y;
-              v = pack_bf16x2(d0 * uf.x * s0 * (1.0f + gf.x * (1.0f - s0)),
-                              d1 * uf.y * s1 * (1.0f + gf.y * (1.0f - s1)));
-            } else {
-              v = pack_bf16x2(d0 * gf.x * s0, d1 * gf.y * s1);
-            }
-          }
-          epi_put_bf16x2(stage, p.row + 8 * h, 8 * jj + p.col, v);
-        }
-        if (half == 0) {
-          part += __shfl_xor_sync(0xffffffffu, part, 1);
-          part += __shfl_xor_sync(0xffffffffu, part, 2);
-          if (valid && g->aux && p.col == 0) {
-            int slot = g->row_src[r];
-            if (slot >= 0) g->aux[(size_t)slot * (I / 64) + i0 / 64] = part;
-          }
-        }
-      }
-      size_t off = (size_t)(half ? I + i0 : i0) * 2;
-      epi_round_send(stage, cw, dgu_row ? dgu_row + off : NULL, 0);
-    }
-  }
-}
-
-#endif
-
-#ifndef EPI_BWD_STAGED
 /* Down dgrad, one pass: ĝ, û read once per element, dgu stored directly from registers; the
  * router-gradient partial per 64-column chunk summed in thread order, then the quad in xor
  * order (fixed). */
@@ -270,37 +202,6 @@ MOK_DEV void epi_swiglu_bwd(const gemm_args *g, const gemm_tile *tl, gemm_smem *
     }
   }
 }
-#endif
-
-#ifdef EPI_WGRAD_DIRECT
-/* Weight gradient, direct: each thread stores its pairs (bf16) or adds them (fp32) in place. */
-MOK_DEV void epi_wgrad(const gemm_args *g, const gemm_tile *tl, gemm_smem *sm, int cw,
-                       float *d) {
-  (void)sm;
-  const acc_pos p = acc_position();
-  const int split = g->k_split, rest = g->m - g->k_split;
-#pragma unroll
-  for (int h = 0; h < 2; h++) {
-    int m = tl->m0 + cw * 64 + p.row + 8 * h;
-    if (m >= g->m) continue;
-    size_t row = m < split ? ((size_t)tl->expert * split + m) : ((size_t)tl->expert * rest + m - split);
-    void *base = m < split ? g->out0 : g->out1;
-#pragma unroll
-    for (int j = 0; j < 32; j++) {
-      int c = tl->n0 + p.col + 8 * j;
-      if (c >= g->n) continue;
-      float v0 = d[4 * j + 2 * h], v1 = d[4 * j + 2 * h + 1];
-      if (g->accumulate) {
-        float2 *o = (float2 *)((float *)base + row * g->ld_out + c);
-        float2 old = *o;
-        *o = make_float2(old.x + v0, old.y + v1);
-      } else {
-        *(uint32_t *)((__nv_bfloat16 *)base + row * g->ld_out + c) = pack_bf16x2(v0, v1);
-      }
-    }
-  }
-}
-#else
 /* Weight gradient of expert e: row m < k_split goes to out0[e][m], else out1[e][m - k_split];
  * bf16 store (four rounds of 64 columns), or fp32 out += acc (eight rounds of 32, added by the
  * memory system: one add per element, so the result does not depend on timing). */
@@ -350,8 +251,6 @@ MOK_DEV void epi_wgrad(const gemm_args *g, const gemm_tile *tl, gemm_smem *sm, i
     }
   }
 }
-#endif
-
 /* ---- kernels -------------------------------------------------------------------------------- */
 /* The body shared by all kernels: `COUNT` pairs of tiles, `TILE` the tile of pair q for this
  * CTA, `LOAD` the TMA loads of k-block kb into stage s (sa, sb, bar), `EPI` the epilogue.

@@ -16,8 +16,12 @@
 #define GEMM_BK 64       /* k-block: 64 bf16 = one 128-byte swizzle row */
 #define GEMM_STAGES 4
 #define GEMM_THREADS 384 /* producer warpgroup + two consumer warpgroups */
+/* CTAs per cluster sharing (multicasting) B tiles, 1 or 2. 2 is 6-9 % faster on large-K
+ * forward products but hung (mbarrier watchdog trap) in 2 of 3 full benchmark runs once the
+ * down-dgrad epilogue became fast (perf-log 2026-12-02, afa9c32): a pipeline race between the
+ * two CTAs not yet found. 1 until it is. */
 #ifndef GEMM_CLUSTER
-#define GEMM_CLUSTER 2   /* CTAs per cluster sharing (multicasting) B tiles: 1 or 2 */
+#define GEMM_CLUSTER 1
 #endif
 typedef enum gemm_kind {
   GEMM_FWD_GATEUP,    /* gu, hw <- A x [gate | up]^T, SwiGLU epilogue */
