@@ -7,8 +7,9 @@
  * Warpgroup 0 produces (one thread issues TMA loads), warpgroups 1 and 2 consume: each computes
  * 64 rows x 256 columns with wgmma m64n256k16, 128 fp32 accumulators per thread.
  *
- * Clusters of two CTAs take the two 128-row halves of a 256-row pair of tiles with the same
- * columns. When both halves belong to the same expert they need the same B tile: each CTA's
+ * With GEMM_CLUSTER = 2 (kernels.h; 1 by default for now), clusters of two CTAs take the two
+ * 128-row halves of a 256-row pair of tiles with the same columns. When both halves belong to
+ * the same expert they need the same B tile: each CTA's
  * producer loads half of it and multicasts it to both, which cuts L2 -> SM traffic per FLOP by a
  * third. A stage may be refilled only when the consumers of both CTAs have released it, so every
  * consumer releases its stage in both CTAs (empty barriers count 2 CTAs x 2 warpgroups), and the

@@ -7,8 +7,8 @@
  *   dgrad_gateup [rows, 2I] x [W_gate; W_up] -> slot rows / fp32 rows         (B MN-major)
  *   wgrad        per expert: A^T B over its rows -> weight gradient           (A, B MN-major)
  * Every kernel has the same order: error-word check, shared memory and barriers, then the
- * producer warpgroup (TMA) and two consumer warpgroups (wgmma + epilogue), persistent over pairs
- * of tiles, launched as clusters of two CTAs.
+ * producer warpgroup (TMA) and two consumer warpgroups (wgmma + epilogue), persistent over groups
+ * of GEMM_CLUSTER tiles, launched as clusters of GEMM_CLUSTER CTAs.
  */
 #include "cuda/gemm.cuh"
 #include "cuda/kernels.h"
@@ -370,8 +370,8 @@ static cudaLaunchConfig_t launch_config(int ctas, cudaStream_t stream, cudaLaunc
   return cfg;
 }
 
-/* Raises the kernels' shared-memory limit and returns how many CTAs (clusters of two) can be
- * resident at once; once per device, outside any graph capture. */
+/* Raises the kernels' shared-memory limit and returns how many CTAs (in clusters of
+ * GEMM_CLUSTER) can be resident at once; once per device, outside any graph capture. */
 cudaError_t gemm_init(int *max_ctas) {
   static_assert(GEMM_SMEM_BYTES <= 227 * 1024, "GEMM shared memory exceeds the sm_90 limit");
   for (size_t i = 0; i < sizeof gemm_fns / sizeof gemm_fns[0]; i++) {
