@@ -190,11 +190,15 @@ MOK_DEV void gemm_consume(gemm_smem *sm, gemm_pipe *p, int k_blocks, int cw, int
   if (prev >= 0) stage_release(sm, prev);
 }
 
-/* A CTA without a tile in the pair keeps its pipeline in step with its peer's. */
-MOK_DEV void gemm_consume_phantom(gemm_smem *sm, gemm_pipe *p, int k_blocks) {
+/* A CTA without a tile in the pair keeps its pipeline in step with its peer's. Only thread 0
+ * releases, so the warpgroup meets at a barrier first: otherwise warps 1-3, which no wgmma ties
+ * to warp 0 here, can fall two phases behind on full[s] and later wait, with the right parity,
+ * for phases that never come (the 2-CTA hang of perf-log 2026-12-02). */
+MOK_DEV void gemm_consume_phantom(gemm_smem *sm, gemm_pipe *p, int k_blocks, int cw) {
   for (int kb = 0; kb < k_blocks; kb++, p->it++) {
     int s = (int)(p->it % GEMM_STAGES);
     mbarrier_wait_parity(&sm->full[s], (p->it / GEMM_STAGES) & 1);
+    named_barrier_sync(1 + cw, 128);
     stage_release(sm, s);
   }
 }

@@ -286,7 +286,7 @@ MOK_DEV void epi_wgrad(const gemm_args *g, const gemm_tile *tl, gemm_smem *sm, i
     for (int q = cluster_id(); q < total; q += cluster_count()) {                            \
       gemm_tile tl = TILE;                                                                   \
       if (!tl.valid) {                                                                       \
-        gemm_consume_phantom(sm, &pipe, tl.k_blocks);                                        \
+        gemm_consume_phantom(sm, &pipe, tl.k_blocks, cw);                                    \
         continue;                                                                            \
       }                                                                                      \
       gemm_consume(sm, &pipe, tl.k_blocks, cw, A_MN, B_MN, d);                               \

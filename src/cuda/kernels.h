@@ -18,8 +18,9 @@
 #define GEMM_THREADS 384 /* producer warpgroup + two consumer warpgroups */
 /* CTAs per cluster sharing (multicasting) B tiles, 1 or 2. 2 is 6-9 % faster on large-K
  * forward products but hung (mbarrier watchdog trap) in 2 of 3 full benchmark runs once the
- * down-dgrad epilogue became fast (perf-log 2026-12-02, afa9c32): a pipeline race between the
- * two CTAs not yet found. 1 until it is. */
+ * down-dgrad epilogue became fast (perf-log 2026-12-02, afa9c32). The likely cause, lagging warps
+ * in the phantom k-loop, is fixed in gemm_consume_phantom but not yet run on a GPU: 1 until a
+ * device run with a forced warp delay in that loop passes. (With 1 there are no phantoms.) */
 #ifndef GEMM_CLUSTER
 #define GEMM_CLUSTER 1
 #endif
