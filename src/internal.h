@@ -26,6 +26,13 @@ static inline int64_t mok_round_up(int64_t v, int64_t m) { return (v + m - 1) / 
 static inline int64_t mok_min64(int64_t a, int64_t b) { return a < b ? a : b; }
 #define MOK_ALIGN 256 /* every buffer carved from saved/workspace starts on this boundary */
 
+/* Takes `bytes` at *cursor for one buffer of a layout and moves the cursor past it, aligned. */
+static inline size_t mok_take(size_t *cursor, int64_t bytes) {
+  size_t at = *cursor;
+  *cursor += (size_t)mok_round_up(bytes, MOK_ALIGN);
+  return at;
+}
+
 /* Device-side error codes stored in error words (int32). Zero means fine. */
 enum { MOK_DEVERR_NONE = 0, MOK_DEVERR_EXPERT_ID = 1, MOK_DEVERR_CAPACITY = 2,
        MOK_DEVERR_TIMEOUT = 4 };

@@ -4,12 +4,6 @@
  */
 #include "internal.h"
 
-static size_t take(size_t *cursor, int64_t bytes) {
-  size_t at = *cursor;
-  *cursor += (size_t)mok_round_up(bytes, MOK_ALIGN);
-  return at;
-}
-
 /* Routed rows on this rank, padding included: every non-empty expert pads its segment by at most
  * MOK_TILE_M - 1 rows, and at most min(E_local, rows) experts are non-empty. */
 static int64_t rows_capacity(const mok_workspace *ws, int64_t tokens) {
@@ -24,16 +18,16 @@ mok_saved_layout mok_saved_layout_of(const mok_workspace *ws, int64_t tokens) {
   size_t c = 0;
   L.tokens = tokens;
   L.rows_cap = rows_capacity(ws, tokens);
-  L.status = take(&c, 4 * sizeof(int32_t));
-  L.counts = take(&c, ws->experts_local * (int64_t)sizeof(int32_t));
-  L.offsets = take(&c, (ws->experts_local + 1) * (int64_t)sizeof(int32_t));
-  L.row_src = take(&c, L.rows_cap * (int64_t)sizeof(int32_t));
-  L.row_weight = take(&c, L.rows_cap * (int64_t)sizeof(float));
-  L.mblock_expert = take(&c, L.rows_cap / MOK_TILE_M * (int64_t)sizeof(int32_t));
-  L.gu = take(&c, L.rows_cap * 2 * s->inter * 2);
-  L.hw = take(&c, L.rows_cap * s->inter * 2);
-  L.gus = take(&c, tokens * 2 * s->shared_inter * 2);
-  L.hs = take(&c, tokens * s->shared_inter * 2);
+  L.status = mok_take(&c, 4 * sizeof(int32_t));
+  L.counts = mok_take(&c, ws->experts_local * (int64_t)sizeof(int32_t));
+  L.offsets = mok_take(&c, (ws->experts_local + 1) * (int64_t)sizeof(int32_t));
+  L.row_src = mok_take(&c, L.rows_cap * (int64_t)sizeof(int32_t));
+  L.row_weight = mok_take(&c, L.rows_cap * (int64_t)sizeof(float));
+  L.mblock_expert = mok_take(&c, L.rows_cap / MOK_TILE_M * (int64_t)sizeof(int32_t));
+  L.gu = mok_take(&c, L.rows_cap * 2 * s->inter * 2);
+  L.hw = mok_take(&c, L.rows_cap * s->inter * 2);
+  L.gus = mok_take(&c, tokens * 2 * s->shared_inter * 2);
+  L.hs = mok_take(&c, tokens * s->shared_inter * 2);
   L.bytes = c;
   return L;
 }

@@ -1,8 +1,9 @@
 /*
  * backend.c: the CPU reference backend's function table and its workspace: every scratch buffer
- * is sized here once, for a max_tokens call, and carved from one host allocation, so forward and
- * backward never allocate. The steps themselves live in one file each (see cpu.h); layer.c
- * strings them together.
+ * is sized here once, for a max_tokens call, and carved with mok_take (MOK_ALIGN boundaries, so
+ * threads writing neighbouring buffers never share a cache line) from one host allocation, so
+ * forward and backward never allocate. The steps themselves live in one file each (see cpu.h);
+ * layer.c strings them together.
  */
 #include <omp.h>
 #include <stdlib.h>
@@ -13,14 +14,6 @@
 static mok_status cpu_context_init(mok_context *ctx) {
   (void)ctx;
   return MOK_OK;
-}
-
-/* Buffers carved from one block, each on a 64-byte boundary (a cache line: threads writing
- * neighbouring buffers never share one). */
-static size_t carve(size_t *cursor, int64_t count, size_t elem) {
-  size_t at = *cursor;
-  *cursor += (size_t)mok_round_up(count * (int64_t)elem, 64);
-  return at;
 }
 
 static mok_status cpu_workspace_init(mok_workspace *ws) {
@@ -35,20 +28,20 @@ static mok_status cpu_workspace_init(mok_workspace *ws) {
   st->per_thread_len = mok_round_up(2 * H + Im, 16);
 
   size_t c = 0;
-  size_t o_xf = carve(&c, T * H, sizeof(float));
-  size_t o_dyf = carve(&c, T * H, sizeof(float));
-  size_t o_side = carve(&c, T * H, sizeof(float));
-  size_t o_slot = carve(&c, T * s->top_k * H, sizeof(uint16_t));
-  size_t o_hwf = carve(&c, R * I, sizeof(float));
-  size_t o_dguf = carve(&c, R * 2 * I, sizeof(float));
-  size_t o_hsf = carve(&c, T * Is, sizeof(float));
-  size_t o_dgusf = carve(&c, T * 2 * Is, sizeof(float));
-  size_t o_pgu = carve(&c, 2 * Im * H, sizeof(float));
-  size_t o_pdown = carve(&c, H * Im, sizeof(float));
-  size_t o_thr = carve(&c, st->threads * st->per_thread_len, sizeof(float));
-  size_t o_cur = carve(&c, ws->experts_local, sizeof(int32_t));
+  size_t o_xf = mok_take(&c, (T * H) * (int64_t)sizeof(float));
+  size_t o_dyf = mok_take(&c, (T * H) * (int64_t)sizeof(float));
+  size_t o_side = mok_take(&c, (T * H) * (int64_t)sizeof(float));
+  size_t o_slot = mok_take(&c, (T * s->top_k * H) * (int64_t)sizeof(uint16_t));
+  size_t o_hwf = mok_take(&c, (R * I) * (int64_t)sizeof(float));
+  size_t o_dguf = mok_take(&c, (R * 2 * I) * (int64_t)sizeof(float));
+  size_t o_hsf = mok_take(&c, (T * Is) * (int64_t)sizeof(float));
+  size_t o_dgusf = mok_take(&c, (T * 2 * Is) * (int64_t)sizeof(float));
+  size_t o_pgu = mok_take(&c, (2 * Im * H) * (int64_t)sizeof(float));
+  size_t o_pdown = mok_take(&c, (H * Im) * (int64_t)sizeof(float));
+  size_t o_thr = mok_take(&c, (st->threads * st->per_thread_len) * (int64_t)sizeof(float));
+  size_t o_cur = mok_take(&c, (ws->experts_local) * (int64_t)sizeof(int32_t));
 
-  char *b = aligned_alloc(64, c);
+  char *b = aligned_alloc(MOK_ALIGN, c);
   if (!b) {
     free(st);
     return mok_fail(MOK_ERR_OUT_OF_MEMORY,

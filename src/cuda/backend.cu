@@ -103,26 +103,20 @@ typedef struct cuda_ws {
   int64_t rows_cap; /* of max_tokens */
 } cuda_ws;
 
-static size_t take(size_t *c, int64_t bytes) {
-  size_t at = *c;
-  *c += (size_t)mok_round_up(bytes, MOK_ALIGN);
-  return at;
-}
-
 static scratch_layout scratch_layout_of(const mok_workspace *ws, int64_t rows_cap) {
   const mok_shape *s = &ws->shape;
   const int64_t T = s->max_tokens, slots = T * s->top_k;
   scratch_layout L;
   size_t c = 0;
-  L.sticky = take(&c, 16);
-  L.chunk_counts = take(&c, (slots + SCHED_CHUNK - 1) / SCHED_CHUNK * ws->experts_local * 4);
-  L.xr = take(&c, rows_cap * s->hidden * 2);
-  L.dyr = take(&c, rows_cap * s->hidden * 2);
-  L.slots = take(&c, slots * s->hidden * 2);
-  L.dgu = take(&c, rows_cap * 2 * s->inter * 2);
-  L.dtw_part = take(&c, slots * (s->inter / 64) * 4);
-  L.rows_f32 = take(&c, T * s->hidden * 4);
-  L.dgus = take(&c, T * 2 * s->shared_inter * 2);
+  L.sticky = mok_take(&c, 16);
+  L.chunk_counts = mok_take(&c, (slots + SCHED_CHUNK - 1) / SCHED_CHUNK * ws->experts_local * 4);
+  L.xr = mok_take(&c, rows_cap * s->hidden * 2);
+  L.dyr = mok_take(&c, rows_cap * s->hidden * 2);
+  L.slots = mok_take(&c, slots * s->hidden * 2);
+  L.dgu = mok_take(&c, rows_cap * 2 * s->inter * 2);
+  L.dtw_part = mok_take(&c, slots * (s->inter / 64) * 4);
+  L.rows_f32 = mok_take(&c, T * s->hidden * 4);
+  L.dgus = mok_take(&c, T * 2 * s->shared_inter * 2);
   L.bytes = c;
   return L;
 }
@@ -203,10 +197,6 @@ static call call_of(mok_workspace *ws, int64_t tokens, const void *saved, void *
 }
 
 static const int32_t *status_of(const call *c) { return AT(c->saved, c->S.status, int32_t); }
-static __nv_bfloat16 *bf(const call *c, char *base, size_t off) {
-  (void)c;
-  return AT(base, off, __nv_bfloat16);
-}
 
 /* Host-checkable: every pointer the kernels touch must be device memory. */
 static mok_status check_device(const void *p, const char *name) {
@@ -408,7 +398,7 @@ static mok_status forward_on_device(mok_workspace *ws, const mok_forward_args *a
   TRY(check_forward_device(a, compute_y));
   call c = call_of(ws, a->tokens, a->saved, stream);
   const int64_t E = c.E_local;
-  __nv_bfloat16 *xr = bf(&c, c.scratch, c.L->xr);
+  __nv_bfloat16 *xr = AT(c.scratch, c.L->xr, __nv_bfloat16);
   TRY(schedule(&c, a));
   CUDA_TRY(dispatch_launch(status_of(&c), AT(c.saved, c.S.offsets, int32_t), c.E_local,
                            AT(c.saved, c.S.row_src, int32_t), c.k, c.H, (int)c.S.rows_cap,
@@ -419,7 +409,7 @@ static mok_status forward_on_device(mok_workspace *ws, const mok_forward_args *a
     TRY(gateup_fwd(&c, 0, a->x, a->w.ws_gate, a->w.ws_up, 1, c.Is, c.saved + c.S.gus,
                    c.saved + c.S.hs));
   if (!compute_y) return MOK_OK;
-  __nv_bfloat16 *slots = bf(&c, c.scratch, c.L->slots);
+  __nv_bfloat16 *slots = AT(c.scratch, c.L->slots, __nv_bfloat16);
   float *ys = AT(c.scratch, c.L->rows_f32, float);
   TRY(down_fwd(&c, 1, c.saved + c.S.hw, a->w.w_down, E, c.I, slots));
   if (c.Is) TRY(down_fwd(&c, 0, c.saved + c.S.hs, a->w.ws_down, 1, c.Is, ys));
@@ -475,11 +465,11 @@ static mok_status backward_on_device(mok_workspace *ws, const mok_backward_args 
   call c = call_of(ws, a->tokens, a->saved, stream);
   const int64_t E = c.E_local;
   const int acc = a->grad_mode == MOK_GRAD_ACCUMULATE_F32;
-  __nv_bfloat16 *xr = bf(&c, c.scratch, c.L->xr), *dyr = bf(&c, c.scratch, c.L->dyr);
-  __nv_bfloat16 *dgu = bf(&c, c.scratch, c.L->dgu), *slots = bf(&c, c.scratch, c.L->slots);
+  __nv_bfloat16 *xr = AT(c.scratch, c.L->xr, __nv_bfloat16), *dyr = AT(c.scratch, c.L->dyr, __nv_bfloat16);
+  __nv_bfloat16 *dgu = AT(c.scratch, c.L->dgu, __nv_bfloat16), *slots = AT(c.scratch, c.L->slots, __nv_bfloat16);
   float *part = AT(c.scratch, c.L->dtw_part, float);
   float *dxs = AT(c.scratch, c.L->rows_f32, float);
-  __nv_bfloat16 *dgus = bf(&c, c.scratch, c.L->dgus);
+  __nv_bfloat16 *dgus = AT(c.scratch, c.L->dgus, __nv_bfloat16);
 
   CUDA_TRY(dispatch_launch(status_of(&c), AT(c.saved, c.S.offsets, int32_t), c.E_local,
                            AT(c.saved, c.S.row_src, int32_t), c.k, c.H, (int)c.S.rows_cap,
