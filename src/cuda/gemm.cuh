@@ -65,6 +65,21 @@ typedef struct gemm_tile {
 MOK_DEV int cluster_count(void) { return gridDim.x / GEMM_CLUSTER; }
 MOK_DEV int cluster_id(void) { return blockIdx.x / GEMM_CLUSTER; }
 
+/* The order of the tiles: the CTAs running at one time should share their operands in L2. Going
+ * along N first, 132 CTAs would cover one or two M tiles of a wide product (mixtral's gate/up has
+ * 112 N tiles) and stream all of B from HBM once per M tile. So the pairs are taken in groups of
+ * TILE_GROUP M tiles, and within a group M goes first: concurrent CTAs cover about 16 x 8 tiles,
+ * each B tile is read once per group. Pair q of a space of mp_count x n_tiles pairs is (mp, nt). */
+#define TILE_GROUP 16
+MOK_DEV void tile_order(int q, int mp_count, int n_tiles, int *mp, int *nt) {
+  const int gp = TILE_GROUP / GEMM_CLUSTER;  /* pairs per group */
+  const int first = q / (gp * n_tiles) * gp; /* first pair of q's group */
+  const int rows = min(gp, mp_count - first);
+  const int r = q - first * n_tiles;
+  *mp = first + r % rows;
+  *nt = r / rows;
+}
+
 /* Row-grouped products: M tiles over routed rows, N tiles of width `bn_out`. */
 MOK_DEV int rowgroup_m_tiles(const gemm_args *g) {
   return g->offsets ? g->offsets[g->experts] / GEMM_BM : g->m_tiles_max;
@@ -76,11 +91,12 @@ MOK_DEV int rowgroup_pair_count(const gemm_args *g, int bn_out) {
 
 MOK_DEV gemm_tile rowgroup_tile(const gemm_args *g, int q, int bn_out, int rank) {
   const int n_tiles = (g->n + bn_out - 1) / bn_out, m_tiles = rowgroup_m_tiles(g);
-  const int mp = q / n_tiles;
+  int mp, nt;
+  tile_order(q, (m_tiles + GEMM_CLUSTER - 1) / GEMM_CLUSTER, n_tiles, &mp, &nt);
   const int m_first = GEMM_CLUSTER * mp, mt = m_first + rank;
   gemm_tile r;
   r.m0 = mt * GEMM_BM;
-  r.n0 = (q - mp * n_tiles) * bn_out;
+  r.n0 = nt * bn_out;
   r.valid = mt < m_tiles;
   int e0 = g->mblock_expert ? g->mblock_expert[m_first] : 0;
   int e1 = -1;
@@ -101,14 +117,14 @@ MOK_DEV int wgrad_pair_count(const gemm_args *g) {
 
 MOK_DEV gemm_tile wgrad_tile(const gemm_args *g, int q, int rank) {
   const int n_tiles = (g->n + GEMM_BN - 1) / GEMM_BN;
-  const int per_expert = (g->m_tiles_max + GEMM_CLUSTER - 1) / GEMM_CLUSTER * n_tiles;
+  const int mp_count = (g->m_tiles_max + GEMM_CLUSTER - 1) / GEMM_CLUSTER;
   gemm_tile r;
-  r.expert = q / per_expert;
-  int rest = q - r.expert * per_expert;
-  int mp = rest / n_tiles;
+  r.expert = q / (mp_count * n_tiles);
+  int mp, nt;
+  tile_order(q - r.expert * mp_count * n_tiles, mp_count, n_tiles, &mp, &nt);
   int mt = GEMM_CLUSTER * mp + rank;
   r.m0 = mt * GEMM_BM;
-  r.n0 = (rest - mp * n_tiles) * GEMM_BN;
+  r.n0 = nt * GEMM_BN;
   r.valid = mt < g->m_tiles_max;
   r.shared = GEMM_CLUSTER == 2 && GEMM_CLUSTER * mp + 1 < g->m_tiles_max;
   if (g->offsets) {
