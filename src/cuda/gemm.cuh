@@ -7,7 +7,7 @@
  * Warpgroup 0 produces (one thread issues TMA loads), warpgroups 1 and 2 consume: each computes
  * 64 rows x 256 columns with wgmma m64n256k16, 128 fp32 accumulators per thread.
  *
- * With GEMM_CLUSTER = 2 (kernels.h; 1 by default for now), clusters of two CTAs take the two
+ * With GEMM_CLUSTER = 2 (kernels.h, the default), clusters of two CTAs take the two
  * 128-row halves of a 256-row pair of tiles with the same columns. When both halves belong to
  * the same expert they need the same B tile: each CTA's
  * producer loads half of it and multicasts it to both, which cuts L2 -> SM traffic per FLOP by a
@@ -21,9 +21,10 @@
  *   A, MN-major: 2 x [64 k][64 m]           (consumer w reads box w)
  *   B, K-major:  [256 rows][64 k]           (two boxes of 128 rows, one per CTA of the pair)
  *   B, MN-major: 4 x [64 k][64 n]           (LBO = 8 KB between the 64-wide n blocks)
- * The epilogue stages 128 bytes of each of a warpgroup's 64 rows at a time in `epi` and sends each
- * row with an asynchronous bulk copy (or bulk fp32 add), so rows land as whole sectors, may go to
- * any address (routed rows scatter to their slots) and drain while the next tile loads.
+ * The epilogues write from registers: a quad of threads exchanges its words so that each thread
+ * stores 16 contiguous bytes (quad_transpose), which fills whole sectors with no shared memory and
+ * no barrier, and lets routed rows scatter to their slots. (An earlier version staged rows in
+ * shared memory and sent them with bulk copies; each round waited for the previous copy.)
  *
  * Determinism: each output element is one accumulator summed over K in ascending k-blocks; no
  * split-K, no order-dependent atomics; the tile order, cluster pairing and grid size change no bit.
@@ -38,12 +39,10 @@
 
 #define GEMM_A_BYTES (GEMM_BM * GEMM_BK * 2)   /* 16 KB */
 #define GEMM_B_BYTES (GEMM_BN * GEMM_BK * 2)   /* 32 KB */
-#define EPI_ROW 144                            /* 128 bytes of a row + 16: no bank conflicts */
 
 typedef struct gemm_smem {
   alignas(1024) __nv_bfloat16 a[GEMM_STAGES][GEMM_BM * GEMM_BK];
   alignas(1024) __nv_bfloat16 b[GEMM_STAGES][GEMM_BN * GEMM_BK];
-  alignas(128) char epi[2][64 * EPI_ROW]; /* per consumer warpgroup: 64 rows x 128 bytes */
   uint64_t full[GEMM_STAGES];   /* TMA landed: own producer's arrive + tx bytes */
   uint64_t empty[GEMM_STAGES];  /* released by both consumers of every CTA of the cluster */
 } gemm_smem;
@@ -247,7 +246,7 @@ MOK_DEV gemm_smem *gemm_smem_init(char *raw) {
   return sm;
 }
 
-/* ---- epilogue: accumulator layout, staging, bulk row stores --------------------------------- */
+/* ---- epilogue: accumulator layout and row stores --------------------------------- */
 /* The m64n256 accumulator layout (PTX ISA 9.7.15.5.2, "Matrix fragments for wgmma.m64nNk16"):
  * thread l of warp q holds rows 16q + l/4 and 16q + l/4 + 8; for each 8-column group j,
  * d[4j + 0..1] are columns 8j + 2(l%4) + {0,1} of the first row, d[4j + 2..3] of the second. */
@@ -272,43 +271,63 @@ MOK_DEV uint32_t pack_bf16x2(float lo, float hi) {
 MOK_DEV float silu_f(float z) { return z / (1.0f + __expf(-z)); }
 MOK_DEV float sigmoid_f(float z) { return 1.0f / (1.0f + __expf(-z)); }
 
-/* One round of the staged epilogue moves 128 bytes of each of the warpgroup's 64 rows:
- *   epi_round_begin: the previous round's copies have read the stage (thread r < 64 issued row r);
- *   epi_put_*:       every thread writes its values into the stage;
- *   epi_round_send:  thread r < 64 sends row r to dst (NULL: nothing), store or fp32 add. */
-MOK_DEV char *epi_stage(gemm_smem *sm, int cw) { return sm->epi[cw]; }
-
-MOK_DEV void epi_round_begin(int cw) {
-  if (threadIdx.x % 128 < 64) bulk_wait_group_read<0>();
-  named_barrier_sync(1 + cw, 128);
-}
-
-/* Two bf16 at column `col` (0..63) of row `row` (0..63) of the stage. */
-MOK_DEV void epi_put_bf16x2(char *stage, int row, int col, uint32_t v) {
-  *(uint32_t *)(stage + row * EPI_ROW + col * 2) = v;
-}
-
-/* Two fp32 at column `col` (0..31) of row `row` of the stage. */
-MOK_DEV void epi_put_f32x2(char *stage, int row, int col, float lo, float hi) {
-  *(float2 *)(stage + row * EPI_ROW + col * 4) = make_float2(lo, hi);
-}
-
-MOK_DEV void epi_round_send(char *stage, int cw, char *dst, int add_f32) {
-  fence_proxy_async_shared(); /* our st.shared before the bulk copy engine reads them */
-  named_barrier_sync(1 + cw, 128);
-  int r = threadIdx.x % 128;
-  if (r < 64) {
-    if (dst) {
-      if (add_f32) bulk_reduce_add_f32(dst, stage + r * EPI_ROW, 128);
-      else bulk_store(dst, stage + r * EPI_ROW, 128);
+/* The four threads of a quad hold, for one row, 8-column groups 4b..4b+3 as bf16 pairs: thread t
+ * has columns 8j + 2t, 8j + 2t + 1 of each group j. Two xor exchanges transpose that 4 x 4 block
+ * of words, after which thread t holds all 8 columns of group 4b + t: one 16-byte store each, 64
+ * contiguous bytes per quad, whole sectors. */
+MOK_DEV void quad_transpose(uint32_t w[4]) {
+  const int t = threadIdx.x % 4;
+#pragma unroll
+  for (int s = 1; s <= 2; s <<= 1) {
+    const bool hi_is_mine = t & s;
+#pragma unroll
+    for (int lo = 0; lo < 4; lo++) {
+      if (lo & s) continue;
+      const uint32_t send = hi_is_mine ? w[lo] : w[lo | s];
+      const uint32_t recv = __shfl_xor_sync(0xffffffffu, send, s);
+      if (hi_is_mine) w[lo] = recv;
+      else w[lo | s] = recv;
     }
-    bulk_commit_group();
   }
 }
 
-/* Before the kernel ends: every row copy has reached global memory. */
-MOK_DEV void epi_drain(void) {
-  if (threadIdx.x % 128 < 64) bulk_wait_group<0>();
+/* Stores the quad's words v (groups 4b.. of a row, as above) at columns col0 + 8t.. of `row`
+ * (bf16; NULL or columns >= n: nothing). Every thread of the warp must call it. */
+MOK_DEV void store_bf16_quad(char *row, int col0, int n, uint32_t v[4]) {
+  quad_transpose(v);
+  const int col = col0 + 8 * (threadIdx.x % 4);
+  if (row && col < n) *(uint4 *)(row + (size_t)col * 2) = make_uint4(v[0], v[1], v[2], v[3]);
+}
+
+/* Row half h of the accumulators, groups j0 .. j0 + 4 * blocks - 1, as bf16 at columns
+ * col0 + 8(j - j0).. of `row` (NULL: nothing, but the quad exchange still runs). */
+MOK_DEV void store_bf16_row(char *row, int col0, int n, const float *d, int h, int j0,
+                            int blocks) {
+#pragma unroll
+  for (int b = 0; b < blocks; b++) {
+    uint32_t v[4];
+#pragma unroll
+    for (int jo = 0; jo < 4; jo++) {
+      const float *x = d + 4 * (j0 + 4 * b + jo) + 2 * h;
+      v[jo] = pack_bf16x2(x[0], x[1]);
+    }
+    store_bf16_quad(row, col0 + 32 * b, n, v);
+  }
+}
+
+/* Row half h of the accumulators as fp32 at columns col0.. of `row`: a quad writes 32 contiguous
+ * bytes per group. add: out += acc by the memory system (one add per element). */
+MOK_DEV void store_f32_row(float *row, int col0, int n, const float *d, int h, int add) {
+  if (!row) return;
+  const acc_pos p = acc_position();
+#pragma unroll
+  for (int j = 0; j < 32; j++) {
+    const int col = col0 + 8 * j + p.col;
+    if (col >= n) break;
+    const float2 v = make_float2(d[4 * j + 2 * h], d[4 * j + 2 * h + 1]);
+    if (add) atomicAdd((float2 *)(row + col), v);
+    else *(float2 *)(row + col) = v;
+  }
 }
 
 #endif /* MOK_GEMM_CUH */

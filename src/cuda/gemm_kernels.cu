@@ -56,201 +56,174 @@ MOK_DEV void load_b_mn(__nv_bfloat16 *sb, uint64_t *bar, const gemm_tile *tl, in
 }
 
 /* ---- epilogues ------------------------------------------------------------------------------ */
+/* Every epilogue writes straight from registers (stores, or one fp32 add per element), with no
+ * shared memory and no barrier: the thread writes its own two rows (acc_position). */
+
 /* Rows of A x B^T: routed rows go to their slot t*k+j as bf16 (row_src), plain rows (the shared
  * expert) to fp32 rows r < rows_valid. */
 MOK_DEV void epi_rows(const gemm_args *g, const gemm_tile *tl, gemm_smem *sm, int cw,
                       float *d) {
+  (void)sm;
   const acc_pos p = acc_position();
-  char *stage = epi_stage(sm, cw);
-  const int me = threadIdx.x % 128;
-  char *row = NULL; /* the destination row this thread sends (me < 64) */
-  if (me < 64) {
-    int r = tl->m0 + cw * 64 + me;
+#pragma unroll
+  for (int h = 0; h < 2; h++) {
+    const int r = tl->m0 + cw * 64 + p.row + 8 * h;
     if (g->row_src) {
-      int slot = g->row_src[r];
-      if (slot >= 0) row = (char *)g->out0 + (size_t)slot * g->ld_out * 2;
-    } else if (r < g->rows_valid) {
-      row = (char *)g->out0 + (size_t)r * g->ld_out * 4;
-    }
-  }
-  if (g->row_src) { /* bf16: four rounds of 64 columns */
-#pragma unroll
-    for (int q = 0; q < 4; q++) {
-      int c0 = tl->n0 + 64 * q;
-      if (c0 >= g->n) break;
-      epi_round_begin(cw);
-#pragma unroll
-      for (int jj = 0; jj < 8; jj++) {
-        int j = 8 * q + jj;
-#pragma unroll
-        for (int h = 0; h < 2; h++)
-          epi_put_bf16x2(stage, p.row + 8 * h, 8 * jj + p.col,
-                         pack_bf16x2(d[4 * j + 2 * h], d[4 * j + 2 * h + 1]));
-      }
-      epi_round_send(stage, cw, row ? row + (size_t)c0 * 2 : NULL, 0);
-    }
-  } else { /* fp32: eight rounds of 32 columns */
-#pragma unroll
-    for (int q = 0; q < 8; q++) {
-      int c0 = tl->n0 + 32 * q;
-      if (c0 >= g->n) break;
-      epi_round_begin(cw);
-#pragma unroll
-      for (int jj = 0; jj < 4; jj++) {
-        int j = 4 * q + jj;
-#pragma unroll
-        for (int h = 0; h < 2; h++)
-          epi_put_f32x2(stage, p.row + 8 * h, 8 * jj + p.col, d[4 * j + 2 * h],
-                        d[4 * j + 2 * h + 1]);
-      }
-      epi_round_send(stage, cw, row ? row + (size_t)c0 * 4 : NULL, 0);
+      const int slot = g->row_src[r];
+      char *row = slot >= 0 ? (char *)g->out0 + (size_t)slot * g->ld_out * 2 : NULL;
+      store_bf16_row(row, tl->n0, g->n, d, h, 0, 8);
+    } else {
+      float *row = r < g->rows_valid ? (float *)g->out0 + (size_t)r * g->ld_out : NULL;
+      store_f32_row(row, tl->n0, g->n, d, h, 0);
     }
   }
 }
 
 /* Gate/up forward: tile columns [0,128) are gate and [128,256) up, for i = n0 + c.
- * gu = [bf16(g) | bf16(u)], hw = bf16(w * silu(ĝ) * û) from the rounded values.
- * The accumulators are rounded in place first (no second copy of the tile in registers), then
- * six rounds send gate, up and hw, each in two 64-column halves. */
+ * gu = [bf16(g) | bf16(u)], hw = bf16(w * silu(ĝ) * û) from the rounded values, which replace
+ * the accumulators (no second copy of the tile in registers). */
 MOK_DEV void epi_swiglu_fwd(const gemm_args *g, const gemm_tile *tl, gemm_smem *sm, int cw,
                             float *d) {
+  (void)sm;
   const acc_pos p = acc_position();
   const int I = g->n;
-  char *stage = epi_stage(sm, cw);
-  const int me = threadIdx.x % 128;
-  char *gu = NULL, *hw = NULL;
-  if (me < 64 && tl->m0 + cw * 64 + me < g->rows_valid) {
-    size_t r = (size_t)(tl->m0 + cw * 64 + me);
-    gu = (char *)g->out0 + r * 2 * I * 2;
-    hw = (char *)g->out1 + r * I * 2;
-  }
 #pragma unroll
   for (int i = 0; i < 128; i++) d[i] = __bfloat162float(__float2bfloat16_rn(d[i]));
 #pragma unroll
-  for (int part = 0; part < 3; part++) { /* 0 gate, 1 up, 2 hw */
+  for (int h = 0; h < 2; h++) {
+    const int r = tl->m0 + cw * 64 + p.row + 8 * h;
+    const bool valid = r < g->rows_valid;
+    char *gu = valid ? (char *)g->out0 + (size_t)r * 2 * I * 2 : NULL;
+    char *hw = valid ? (char *)g->out1 + (size_t)r * I * 2 : NULL;
+    const float w = !valid ? 0.0f : g->row_weight ? g->row_weight[r] : 1.0f;
+    store_bf16_row(gu, tl->n0, I, d, h, 0, 4);
+    store_bf16_row(gu ? gu + (size_t)I * 2 : NULL, tl->n0, I, d, h, 16, 4);
 #pragma unroll
-    for (int q = 0; q < 2; q++) {
-      const int i0 = tl->n0 + 64 * q;
-      if (i0 >= I) break;
-      epi_round_begin(cw);
+    for (int b = 0; b < 4; b++) {
+      uint32_t v[4];
 #pragma unroll
-      for (int h = 0; h < 2; h++) {
-        float w = 1.0f;
-        if (part == 2 && g->row_weight) {
-          int r = tl->m0 + cw * 64 + p.row + 8 * h;
-          w = r < g->rows_valid ? g->row_weight[r] : 0.0f;
-        }
-#pragma unroll
-        for (int jj = 0; jj < 8; jj++) {
-          const float *gv = d + 4 * (8 * q + jj) + 2 * h, *uv = d + 4 * (16 + 8 * q + jj) + 2 * h;
-          uint32_t v = part == 0   ? pack_bf16x2(gv[0], gv[1])
-                       : part == 1 ? pack_bf16x2(uv[0], uv[1])
-                                   : pack_bf16x2(w * silu_f(gv[0]) * uv[0],
-                                                 w * silu_f(gv[1]) * uv[1]);
-          epi_put_bf16x2(stage, p.row + 8 * h, 8 * jj + p.col, v);
-        }
+      for (int jo = 0; jo < 4; jo++) {
+        const float *gv = d + 4 * (4 * b + jo) + 2 * h, *uv = gv + 64;
+        v[jo] = pack_bf16x2(w * silu_f(gv[0]) * uv[0], w * silu_f(gv[1]) * uv[1]);
       }
-      char *dst = part == 2 ? hw : gu;
-      size_t off = (size_t)(part == 1 ? I + i0 : i0) * 2;
-      epi_round_send(stage, cw, dst ? dst + off : NULL, 0);
+      store_bf16_quad(hw, tl->n0 + 32 * b, I, v);
     }
   }
 }
 
-/* Down dgrad, one pass: ĝ, û read once per element, dgu stored directly from registers; the
+/* Down dgrad, one pass: ĝ, û read once per element, dgu stored straight from registers; the
  * router-gradient partial per 64-column chunk summed in thread order, then the quad in xor
- * order (fixed). */
+ * order (fixed).
+ * The thread's 128 elements come in 8 groups (its two rows x four 64-column chunks). Loads and
+ * stores are 16 bytes per thread, moved to and from the accumulator layout by quad_transpose
+ * (its own inverse). Group c is computed into registers, then the loads of group c + 1 are
+ * issued, then group c is stored: a load after a store may alias it, so with loads and stores
+ * interleaved every pair waited out a full memory latency in turn, and this epilogue cost more
+ * than the k-loop (ncu, perf-log 2026-12-02 86bffbf: 311 TF/s on mixtral, 213 on gpt-oss). */
+typedef struct gu_group {
+  uint32_t g[8], u[8]; /* as loaded: words 4b.. hold columns 32b + 8t .. + 7 of the chunk */
+} gu_group;
+
+MOK_DEV void gu_group_load(const gemm_args *g, const gemm_tile *tl, acc_pos p, int cw, int c,
+                           gu_group *v) {
+  const int I = g->n, h = c / 4, q = c % 4;
+  const int r = tl->m0 + cw * 64 + p.row + 8 * h;
+  const bool valid = r < g->rows_valid;
+  const __nv_bfloat16 *gu = g->gu_in + (size_t)(valid ? r : 0) * 2 * I;
+#pragma unroll
+  for (int b = 0; b < 2; b++) {
+    const int i = tl->n0 + 64 * q + 32 * b + 8 * (threadIdx.x % 4);
+    const bool ok = valid && i < I;
+    const uint4 z = make_uint4(0, 0, 0, 0);
+    const uint4 x = ok ? __ldg((const uint4 *)(gu + i)) : z;
+    const uint4 y = ok ? __ldg((const uint4 *)(gu + I + i)) : z;
+    v->g[4 * b] = x.x, v->g[4 * b + 1] = x.y, v->g[4 * b + 2] = x.z, v->g[4 * b + 3] = x.w;
+    v->u[4 * b] = y.x, v->u[4 * b + 1] = y.y, v->u[4 * b + 2] = y.z, v->u[4 * b + 3] = y.w;
+  }
+}
+
+MOK_DEV float2 bf16x2_to_float2(uint32_t w) {
+  return __bfloat1622float2(*(const __nv_bfloat162 *)&w);
+}
+
 MOK_DEV void epi_swiglu_bwd(const gemm_args *g, const gemm_tile *tl, gemm_smem *sm,
                                    int cw, float *d) {
   (void)sm;
   const acc_pos p = acc_position();
   const int I = g->n;
+  gu_group v;
+  gu_group_load(g, tl, p, cw, 0, &v);
+  float w[2];   /* per row: router weight, and the slot of its router-gradient partials */
+  int slot[2];
 #pragma unroll
   for (int h = 0; h < 2; h++) {
-    int r = tl->m0 + cw * 64 + p.row + 8 * h;
-    bool valid = r < g->rows_valid;
-    float w = 1.0f;
-    if (valid && g->row_weight) w = g->row_weight[r];
-    const __nv_bfloat16 *gu = g->gu_in + (size_t)(valid ? r : 0) * 2 * I;
-    __nv_bfloat16 *dgu = (__nv_bfloat16 *)g->out0 + (size_t)r * 2 * I;
+    const int r = tl->m0 + cw * 64 + p.row + 8 * h;
+    const bool valid = r < g->rows_valid;
+    w[h] = valid && g->row_weight ? g->row_weight[r] : 1.0f;
+    slot[h] = valid && g->aux ? g->row_src[r] : -1;
+  }
 #pragma unroll
-    for (int q = 0; q < 4; q++) {
-      float part = 0.0f;
+  for (int c = 0; c < 8; c++) {
+    const int h = c / 4, q = c % 4;
+    const int r = tl->m0 + cw * 64 + p.row + 8 * h;
+    const bool valid = r < g->rows_valid;
 #pragma unroll
-      for (int jj = 0; jj < 8; jj++) {
-        int j = 8 * q + jj;
-        int i = tl->n0 + p.col + 8 * j;
-        if (!valid || i >= I) continue;
-        float2 gf = __bfloat1622float2(*(const __nv_bfloat162 *)(gu + i));
-        float2 uf = __bfloat1622float2(*(const __nv_bfloat162 *)(gu + I + i));
-        float dh0 = d[4 * j + 2 * h], dh1 = d[4 * j + 2 * h + 1];
-        float s0 = sigmoid_f(gf.x), s1 = sigmoid_f(gf.y);
-        part = part + dh0 * silu_f(gf.x) * uf.x;
-        part = part + dh1 * silu_f(gf.y) * uf.y;
-        float d0 = w * dh0, d1 = w * dh1;
-        *(uint32_t *)(dgu + i) = pack_bf16x2(d0 * uf.x * s0 * (1.0f + gf.x * (1.0f - s0)),
-                                             d1 * uf.y * s1 * (1.0f + gf.y * (1.0f - s1)));
-        *(uint32_t *)(dgu + I + i) = pack_bf16x2(d0 * gf.x * s0, d1 * gf.y * s1);
-      }
-      part += __shfl_xor_sync(0xffffffffu, part, 1);
-      part += __shfl_xor_sync(0xffffffffu, part, 2);
-      int chunk = tl->n0 / 64 + q;
-      if (valid && g->aux && p.col == 0 && chunk * 64 < I) {
-        int slot = g->row_src[r];
-        if (slot >= 0) g->aux[(size_t)slot * (I / 64) + chunk] = part;
-      }
+    for (int b = 0; b < 2; b++) {
+      quad_transpose(v.g + 4 * b);
+      quad_transpose(v.u + 4 * b);
     }
+    uint32_t dg[8], du[8];
+    float part = 0.0f;
+#pragma unroll
+    for (int jj = 0; jj < 8; jj++) {
+      const int j = 8 * q + jj;
+      const float2 gf = bf16x2_to_float2(v.g[jj]), uf = bf16x2_to_float2(v.u[jj]);
+      float dh0 = d[4 * j + 2 * h], dh1 = d[4 * j + 2 * h + 1];
+      float s0 = sigmoid_f(gf.x), s1 = sigmoid_f(gf.y);
+      part = part + dh0 * silu_f(gf.x) * uf.x; /* zero where the load was skipped */
+      part = part + dh1 * silu_f(gf.y) * uf.y;
+      float d0 = w[h] * dh0, d1 = w[h] * dh1;
+      dg[jj] = pack_bf16x2(d0 * uf.x * s0 * (1.0f + gf.x * (1.0f - s0)),
+                           d1 * uf.y * s1 * (1.0f + gf.y * (1.0f - s1)));
+      du[jj] = pack_bf16x2(d0 * gf.x * s0, d1 * gf.y * s1);
+    }
+    if (c + 1 < 8) gu_group_load(g, tl, p, cw, c + 1, &v);
+    char *dgu = valid ? (char *)g->out0 + (size_t)r * 2 * I * 2 : NULL;
+#pragma unroll
+    for (int b = 0; b < 2; b++) {
+      const int col = tl->n0 + 64 * q + 32 * b;
+      store_bf16_quad(dgu, col, I, dg + 4 * b);
+      store_bf16_quad(dgu ? dgu + (size_t)I * 2 : NULL, col, I, du + 4 * b);
+    }
+    part += __shfl_xor_sync(0xffffffffu, part, 1);
+    part += __shfl_xor_sync(0xffffffffu, part, 2);
+    const int chunk = tl->n0 / 64 + q;
+    if (slot[h] >= 0 && p.col == 0 && chunk * 64 < I)
+      g->aux[(size_t)slot[h] * (I / 64) + chunk] = part;
   }
 }
+
 /* Weight gradient of expert e: row m < k_split goes to out0[e][m], else out1[e][m - k_split];
- * bf16 store (four rounds of 64 columns), or fp32 out += acc (eight rounds of 32, added by the
- * memory system: one add per element, so the result does not depend on timing). */
+ * a bf16 store, or fp32 out += acc: one add per element by the memory system, so the result does
+ * not depend on timing. */
 MOK_DEV void epi_wgrad(const gemm_args *g, const gemm_tile *tl, gemm_smem *sm, int cw,
                        float *d) {
+  (void)sm;
   const acc_pos p = acc_position();
-  char *stage = epi_stage(sm, cw);
-  const int me = threadIdx.x % 128;
   const int split = g->k_split, rest = g->m - g->k_split, esz = g->accumulate ? 4 : 2;
-  char *row = NULL;
-  int m = tl->m0 + cw * 64 + me;
-  if (me < 64 && m < g->m) {
-    size_t r = m < split ? (size_t)tl->expert * split + m : (size_t)tl->expert * rest + m - split;
-    row = (char *)(m < split ? g->out0 : g->out1) + r * g->ld_out * esz;
-  }
-  if (!g->accumulate) {
 #pragma unroll
-    for (int q = 0; q < 4; q++) {
-      int c0 = tl->n0 + 64 * q;
-      if (c0 >= g->n) break;
-      epi_round_begin(cw);
-#pragma unroll
-      for (int jj = 0; jj < 8; jj++) {
-        int j = 8 * q + jj;
-#pragma unroll
-        for (int h = 0; h < 2; h++)
-          epi_put_bf16x2(stage, p.row + 8 * h, 8 * jj + p.col,
-                         pack_bf16x2(d[4 * j + 2 * h], d[4 * j + 2 * h + 1]));
-      }
-      epi_round_send(stage, cw, row ? row + (size_t)c0 * 2 : NULL, 0);
+  for (int h = 0; h < 2; h++) {
+    const int m = tl->m0 + cw * 64 + p.row + 8 * h;
+    char *row = NULL;
+    if (m < g->m) {
+      size_t r = m < split ? (size_t)tl->expert * split + m : (size_t)tl->expert * rest + m - split;
+      row = (char *)(m < split ? g->out0 : g->out1) + r * g->ld_out * esz;
     }
-  } else {
-#pragma unroll
-    for (int q = 0; q < 8; q++) {
-      int c0 = tl->n0 + 32 * q;
-      if (c0 >= g->n) break;
-      epi_round_begin(cw);
-#pragma unroll
-      for (int jj = 0; jj < 4; jj++) {
-        int j = 4 * q + jj;
-#pragma unroll
-        for (int h = 0; h < 2; h++)
-          epi_put_f32x2(stage, p.row + 8 * h, 8 * jj + p.col, d[4 * j + 2 * h],
-                        d[4 * j + 2 * h + 1]);
-      }
-      epi_round_send(stage, cw, row ? row + (size_t)c0 * 4 : NULL, 1);
-    }
+    if (g->accumulate) store_f32_row((float *)row, tl->n0, g->n, d, h, 1);
+    else store_bf16_row(row, tl->n0, g->n, d, h, 0, 8);
   }
 }
+
 /* ---- kernels -------------------------------------------------------------------------------- */
 /* The body shared by all kernels: `COUNT` pairs of tiles, `TILE` the tile of pair q for this
  * CTA, `LOAD` the TMA loads of k-block kb into stage s (sa, sb, bar), `EPI` the epilogue.
@@ -292,7 +265,6 @@ MOK_DEV void epi_wgrad(const gemm_args *g, const gemm_tile *tl, gemm_smem *sm, i
       gemm_consume(sm, &pipe, tl.k_blocks, cw, A_MN, B_MN, d);                               \
       EPI(&g, &tl, sm, cw, d);                                                               \
     }                                                                                        \
-    epi_drain();                                                                             \
   }                                                                                          \
   cluster_sync(); /* the peer may still multicast into us or release our stages */
 

@@ -17,12 +17,11 @@
 #define GEMM_STAGES 4
 #define GEMM_THREADS 384 /* producer warpgroup + two consumer warpgroups */
 /* CTAs per cluster sharing (multicasting) B tiles, 1 or 2. 2 is 6-9 % faster on large-K
- * forward products but hung (mbarrier watchdog trap) in 2 of 3 full benchmark runs once the
- * down-dgrad epilogue became fast (perf-log 2026-12-02, afa9c32). The likely cause, lagging warps
- * in the phantom k-loop, is fixed in gemm_consume_phantom but not yet run on a GPU: 1 until a
- * device run with a forced warp delay in that loop passes. (With 1 there are no phantoms.) */
+ * forward products. It used to hang (perf-log 2026-12-02): in the phantom k-loop warps 1-3 could
+ * fall two phases behind; a forced 100 us delay of those warps reproduced the hang, and the
+ * warpgroup barrier in gemm_consume_phantom cured it (perf-log, 86bffbf). */
 #ifndef GEMM_CLUSTER
-#define GEMM_CLUSTER 1
+#define GEMM_CLUSTER 2
 #endif
 typedef enum gemm_kind {
   GEMM_FWD_GATEUP,    /* gu, hw <- A x [gate | up]^T, SwiGLU epilogue */

@@ -1,8 +1,7 @@
 /*
  * ptx.cuh: every inline PTX instruction mok uses, one small wrapper each, named after the
  * instruction (and its ordering/scope where it has one). Nothing else in mok writes asm.
- * Section numbers cite the PTX ISA (version 8.x): 9.7.9.24 bulk copies (cp.async.bulk,
- * cp.reduce.async.bulk), 9.7.9.25 TMA (cp.async.bulk.tensor), 9.7.13 mbarrier, 9.7.15 wgmma,
+ * Section numbers cite the PTX ISA (version 8.x): 9.7.9.25 TMA (cp.async.bulk.tensor), 9.7.13 mbarrier, 9.7.15 wgmma,
  * 9.7.16.5 setmaxnreg, 9.7.12.3 barrier.cluster, 9.7.9.16 mapa.
  */
 #ifndef MOK_PTX_CUH
@@ -136,31 +135,6 @@ MOK_DEV void tma_load_3d_multicast(void *dst, const CUtensorMap *map, uint64_t *
       : "memory");
 }
 
-/* ---- bulk copies shared -> global (9.7.9.24) ---------------------------------------------- */
-/* Copies `bytes` (a multiple of 16, both addresses 16-byte aligned) asynchronously. */
-MOK_DEV void bulk_store(void *dst, const void *src, uint32_t bytes) {
-  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;"
-               ::"l"(dst), "r"(smem_u32(src)), "r"(bytes) : "memory");
-}
-
-/* dst[i] += src[i] for fp32 elements, asynchronously, in the memory system. */
-MOK_DEV void bulk_reduce_add_f32(void *dst, const void *src, uint32_t bytes) {
-  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;"
-               ::"l"(dst), "r"(smem_u32(src)), "r"(bytes) : "memory");
-}
-
-MOK_DEV void bulk_commit_group(void) { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
-
-/* Waits until the shared memory of all but the newest N groups has been read. */
-template <int N> MOK_DEV void bulk_wait_group_read(void) {
-  asm volatile("cp.async.bulk.wait_group.read %0;" ::"n"(N) : "memory");
-}
-
-/* Waits until all but the newest N groups are complete (written to global memory). */
-template <int N> MOK_DEV void bulk_wait_group(void) {
-  asm volatile("cp.async.bulk.wait_group %0;" ::"n"(N) : "memory");
-}
-
 MOK_DEV void prefetch_tensormap(const CUtensorMap *map) {
   asm volatile("prefetch.tensormap [%0];" ::"l"(map) : "memory");
 }
@@ -230,10 +204,5 @@ MOK_WGMMA_M64N256K16(wgmma_256_kk, 0, 0)
 MOK_WGMMA_M64N256K16(wgmma_256_kt, 0, 1)
 MOK_WGMMA_M64N256K16(wgmma_256_tt, 1, 1)
 #undef MOK_WGMMA_M64N256K16
-
-/* Orders this thread's generic-proxy shared-memory writes before later async-proxy reads. */
-MOK_DEV void fence_proxy_async_shared(void) {
-  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-}
 
 #endif /* MOK_PTX_CUH */
