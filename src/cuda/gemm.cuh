@@ -268,8 +268,12 @@ MOK_DEV uint32_t pack_bf16x2(float lo, float hi) {
   return *(uint32_t *)&v;
 }
 
-MOK_DEV float silu_f(float z) { return z / (1.0f + __expf(-z)); }
-MOK_DEV float sigmoid_f(float z) { return 1.0f / (1.0f + __expf(-z)); }
+/* exp and the reciprocal by the hardware approximations (ex2.approx, rcp.approx: a few ulp). An
+ * IEEE division here cost a slow-path check and branch per element, and made the SwiGLU
+ * epilogues, not the k-loop, the larger part of the down-dgrad kernel (perf-log 2026-12-02).
+ * 1 + exp(-z) = inf gives 0, as the exact formula does. */
+MOK_DEV float sigmoid_f(float z) { return __fdividef(1.0f, 1.0f + __expf(-z)); }
+MOK_DEV float silu_f(float z) { return z * sigmoid_f(z); }
 
 /* The four threads of a quad hold, for one row, 8-column groups 4b..4b+3 as bf16 pairs: thread t
  * has columns 8j + 2t, 8j + 2t + 1 of each group j. Two xor exchanges transpose that 4 x 4 block
