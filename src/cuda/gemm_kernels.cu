@@ -327,17 +327,12 @@ typedef void (*gemm_fn)(gemm_args);
 static const gemm_fn gemm_fns[] = {gemm_fwd_gateup, gemm_fwd_down, gemm_dgrad_down,
                                    gemm_dgrad_gateup, gemm_wgrad};
 
-/* CTAs per cluster of each kernel, 1 or 2: digit k of GEMM_CLUSTERS (from the left) for
- * gemm_kind k; the kernels read it back from %cluster_nctarank. 2 multicasts B to both CTAs of a
- * pair (kernels.h). */
+/* CTAs per cluster of each kernel (gemm_kind order), 1 or 2; the kernels read it back from
+ * %cluster_nctarank. 2 multicasts B to both CTAs of a pair (kernels.h). */
 #ifndef GEMM_CLUSTERS
-#define GEMM_CLUSTERS 22222
+#define GEMM_CLUSTERS 2, 2, 2, 2, 2
 #endif
-static int gemm_cluster(gemm_kind kind) {
-  int v = GEMM_CLUSTERS;
-  for (int k = kind; k < GEMM_WGRAD; k++) v /= 10;
-  return v % 10;
-}
+static const int gemm_cluster[] = {GEMM_CLUSTERS};
 
 static cudaLaunchConfig_t launch_config(int ctas, int cluster, cudaStream_t stream,
                                         cudaLaunchAttribute *attr) {
@@ -377,7 +372,8 @@ cudaError_t gemm_init(int *max_ctas) {
 static int ceil_div(int a, int b) { return (a + b - 1) / b; }
 
 cudaError_t gemm_launch(gemm_kind kind, const gemm_args *g, int max_ctas, cudaStream_t stream) {
-  const int C = gemm_cluster(kind);
+  static_assert(sizeof gemm_cluster / sizeof gemm_cluster[0] == GEMM_WGRAD + 1, "one per kind");
+  const int C = gemm_cluster[kind];
   int pairs;
   switch (kind) {
     case GEMM_FWD_GATEUP: pairs = ceil_div(g->m_tiles_max, C) * ceil_div(g->n, 128); break;
