@@ -79,8 +79,8 @@ static mok_status cuda_context_init(mok_context *ctx) {
   if (e != cudaSuccess) return cuda_fail(e, "GEMM kernel attributes");
   ctx->sm_count = p.multiProcessorCount;
   if (ctx->cfg.sms > 0 && ctx->cfg.sms < ctx->sm_count) ctx->sm_count = ctx->cfg.sms;
-  ctx->gemm_ctas = (ctx->sm_count < max_ctas ? ctx->sm_count : max_ctas) / 2 * 2;
-  if (ctx->gemm_ctas < 2) ctx->gemm_ctas = 2; /* even: any kernel may run in clusters of two */
+  ctx->gemm_ctas = (ctx->sm_count < max_ctas ? ctx->sm_count : max_ctas) / GEMM_CLUSTER * GEMM_CLUSTER;
+  if (ctx->gemm_ctas < GEMM_CLUSTER) ctx->gemm_ctas = GEMM_CLUSTER;
   return MOK_OK;
 }
 

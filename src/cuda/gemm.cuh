@@ -7,7 +7,7 @@
  * Warpgroup 0 produces (one thread issues TMA loads), warpgroups 1 and 2 consume: each computes
  * 64 rows x 256 columns with wgmma m64n256k16, 128 fp32 accumulators per thread.
  *
- * With clusters of two CTAs (the cluster size is chosen per kernel at launch), they take the two
+ * With GEMM_CLUSTER = 2 (kernels.h, the default), clusters of two CTAs take the two
  * 128-row halves of a 256-row pair of tiles with the same columns. When both halves belong to
  * the same expert they need the same B tile: each CTA's
  * producer loads half of it and multicasts it to both, which cuts L2 -> SM traffic per FLOP by a
@@ -61,10 +61,8 @@ typedef struct gemm_tile {
   int shared;   /* both tiles of the pair exist and use the same B: multicast it */
 } gemm_tile;
 
-/* CTAs per cluster, 1 or 2: chosen per kernel at launch (gemm_cluster in gemm_kernels.cu). */
-MOK_DEV int csize(void) { return (int)cluster_nctarank(); }
-MOK_DEV int cluster_count(void) { return gridDim.x / csize(); }
-MOK_DEV int cluster_id(void) { return blockIdx.x / csize(); }
+MOK_DEV int cluster_count(void) { return gridDim.x / GEMM_CLUSTER; }
+MOK_DEV int cluster_id(void) { return blockIdx.x / GEMM_CLUSTER; }
 
 /* The order of the tiles: the CTAs running at one time should share their operands in L2. Going
  * along N first, 132 CTAs would cover one or two M tiles of a wide product (mixtral's gate/up has
@@ -73,7 +71,7 @@ MOK_DEV int cluster_id(void) { return blockIdx.x / csize(); }
  * each B tile is read once per group. Pair q of a space of mp_count x n_tiles pairs is (mp, nt). */
 #define TILE_GROUP 16
 MOK_DEV void tile_order(int q, int mp_count, int n_tiles, int *mp, int *nt) {
-  const int gp = TILE_GROUP / csize();  /* pairs per group */
+  const int gp = TILE_GROUP / GEMM_CLUSTER;  /* pairs per group */
   const int first = q / (gp * n_tiles) * gp; /* first pair of q's group */
   const int rows = min(gp, mp_count - first);
   const int r = q - first * n_tiles;
@@ -87,23 +85,23 @@ MOK_DEV int rowgroup_m_tiles(const gemm_args *g) {
 }
 
 MOK_DEV int rowgroup_pair_count(const gemm_args *g, int bn_out) {
-  return (rowgroup_m_tiles(g) + csize() - 1) / csize() * ((g->n + bn_out - 1) / bn_out);
+  return (rowgroup_m_tiles(g) + GEMM_CLUSTER - 1) / GEMM_CLUSTER * ((g->n + bn_out - 1) / bn_out);
 }
 
 MOK_DEV gemm_tile rowgroup_tile(const gemm_args *g, int q, int bn_out, int rank) {
   const int n_tiles = (g->n + bn_out - 1) / bn_out, m_tiles = rowgroup_m_tiles(g);
   int mp, nt;
-  tile_order(q, (m_tiles + csize() - 1) / csize(), n_tiles, &mp, &nt);
-  const int m_first = csize() * mp, mt = m_first + rank;
+  tile_order(q, (m_tiles + GEMM_CLUSTER - 1) / GEMM_CLUSTER, n_tiles, &mp, &nt);
+  const int m_first = GEMM_CLUSTER * mp, mt = m_first + rank;
   gemm_tile r;
   r.m0 = mt * GEMM_BM;
   r.n0 = nt * bn_out;
   r.valid = mt < m_tiles;
   int e0 = g->mblock_expert ? g->mblock_expert[m_first] : 0;
   int e1 = -1;
-  if (csize() == 2 && m_first + 1 < m_tiles)
+  if (GEMM_CLUSTER == 2 && m_first + 1 < m_tiles)
     e1 = g->mblock_expert ? g->mblock_expert[m_first + 1] : 0;
-  r.shared = csize() == 2 && e1 == e0;
+  r.shared = GEMM_CLUSTER == 2 && e1 == e0;
   r.expert = rank ? e1 : e0;
   r.k_row0 = 0;
   r.k_blocks = g->k / GEMM_BK;
@@ -112,22 +110,22 @@ MOK_DEV gemm_tile rowgroup_tile(const gemm_args *g, int q, int bn_out, int rank)
 
 /* Weight-gradient products: every expert has the same output tiles; K = its padded rows. */
 MOK_DEV int wgrad_pair_count(const gemm_args *g) {
-  return g->experts * ((g->m_tiles_max + csize() - 1) / csize()) *
+  return g->experts * ((g->m_tiles_max + GEMM_CLUSTER - 1) / GEMM_CLUSTER) *
          ((g->n + GEMM_BN - 1) / GEMM_BN);
 }
 
 MOK_DEV gemm_tile wgrad_tile(const gemm_args *g, int q, int rank) {
   const int n_tiles = (g->n + GEMM_BN - 1) / GEMM_BN;
-  const int mp_count = (g->m_tiles_max + csize() - 1) / csize();
+  const int mp_count = (g->m_tiles_max + GEMM_CLUSTER - 1) / GEMM_CLUSTER;
   gemm_tile r;
   r.expert = q / (mp_count * n_tiles);
   int mp, nt;
   tile_order(q - r.expert * mp_count * n_tiles, mp_count, n_tiles, &mp, &nt);
-  int mt = csize() * mp + rank;
+  int mt = GEMM_CLUSTER * mp + rank;
   r.m0 = mt * GEMM_BM;
   r.n0 = nt * GEMM_BN;
   r.valid = mt < g->m_tiles_max;
-  r.shared = csize() == 2 && 2 * mp + 1 < g->m_tiles_max;
+  r.shared = GEMM_CLUSTER == 2 && GEMM_CLUSTER * mp + 1 < g->m_tiles_max;
   if (g->offsets) {
     r.k_row0 = g->offsets[r.expert];
     r.k_blocks = (g->offsets[r.expert + 1] - r.k_row0) / GEMM_BK;
@@ -158,11 +156,11 @@ MOK_DEV void acc_fence(float *d) {
 /* One thread per consumer warpgroup frees stage s in every CTA of the cluster. */
 MOK_DEV void stage_release(gemm_smem *sm, int s) {
   if (threadIdx.x % 128 == 0) {
-    if (csize() == 1) {
+    if (GEMM_CLUSTER == 1) {
       mbarrier_arrive(&sm->empty[s]);
     } else {
 #pragma unroll
-      for (int r = 0; r < 2; r++) mbarrier_arrive_cluster(mapa_shared(&sm->empty[s], r));
+      for (int r = 0; r < GEMM_CLUSTER; r++) mbarrier_arrive_cluster(mapa_shared(&sm->empty[s], r));
     }
   }
 }
@@ -240,7 +238,7 @@ MOK_DEV gemm_smem *gemm_smem_init(char *raw) {
   if (threadIdx.x == 0) {
     for (int s = 0; s < GEMM_STAGES; s++) {
       mbarrier_init(&sm->full[s], 1);
-      mbarrier_init(&sm->empty[s], 2 * csize());
+      mbarrier_init(&sm->empty[s], 2 * GEMM_CLUSTER);
     }
     fence_mbarrier_init();
   }

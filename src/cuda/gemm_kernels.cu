@@ -8,7 +8,7 @@
  *   wgrad        per expert: A^T B over its rows -> weight gradient           (A, B MN-major)
  * Every kernel has the same order: error-word check, shared memory and barriers, then the
  * producer warpgroup (TMA) and two consumer warpgroups (wgmma + epilogue), persistent over groups
- * of tiles, one tile per CTA of a cluster (gemm_cluster: 1 or 2 CTAs).
+ * of GEMM_CLUSTER tiles, launched as clusters of GEMM_CLUSTER CTAs.
  */
 #include "cuda/gemm.cuh"
 #include "cuda/kernels.h"
@@ -327,22 +327,14 @@ typedef void (*gemm_fn)(gemm_args);
 static const gemm_fn gemm_fns[] = {gemm_fwd_gateup, gemm_fwd_down, gemm_dgrad_down,
                                    gemm_dgrad_gateup, gemm_wgrad};
 
-/* CTAs per cluster of each kernel (gemm_kind order), 1 or 2; the kernels read it back from
- * %cluster_nctarank. 2 multicasts B to both CTAs of a pair (kernels.h). */
-#ifndef GEMM_CLUSTERS
-#define GEMM_CLUSTERS 2, 2, 2, 2, 2
-#endif
-static const int gemm_cluster[] = {GEMM_CLUSTERS};
-
-static cudaLaunchConfig_t launch_config(int ctas, int cluster, cudaStream_t stream,
-                                        cudaLaunchAttribute *attr) {
+static cudaLaunchConfig_t launch_config(int ctas, cudaStream_t stream, cudaLaunchAttribute *attr) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(ctas);
   cfg.blockDim = dim3(GEMM_THREADS);
   cfg.dynamicSmemBytes = GEMM_SMEM_BYTES;
   cfg.stream = stream;
   attr->id = cudaLaunchAttributeClusterDimension;
-  attr->val.clusterDim.x = cluster;
+  attr->val.clusterDim.x = GEMM_CLUSTER;
   attr->val.clusterDim.y = 1;
   attr->val.clusterDim.z = 1;
   cfg.attrs = attr;
@@ -350,8 +342,8 @@ static cudaLaunchConfig_t launch_config(int ctas, int cluster, cudaStream_t stre
   return cfg;
 }
 
-/* Raises the kernels' shared-memory limit and returns how many CTAs (in clusters of two, which
- * suits every kernel) can be resident at once; once per device, outside any graph capture. */
+/* Raises the kernels' shared-memory limit and returns how many CTAs (in clusters of
+ * GEMM_CLUSTER) can be resident at once; once per device, outside any graph capture. */
 cudaError_t gemm_init(int *max_ctas) {
   static_assert(GEMM_SMEM_BYTES <= 227 * 1024, "GEMM shared memory exceeds the sm_90 limit");
   for (size_t i = 0; i < sizeof gemm_fns / sizeof gemm_fns[0]; i++) {
@@ -361,19 +353,18 @@ cudaError_t gemm_init(int *max_ctas) {
     if (e != cudaSuccess) return e;
   }
   cudaLaunchAttribute attr;
-  cudaLaunchConfig_t cfg = launch_config(2, 2, 0, &attr);
+  cudaLaunchConfig_t cfg = launch_config(GEMM_CLUSTER, 0, &attr);
   int clusters = 0;
   cudaError_t e = cudaOccupancyMaxActiveClusters(&clusters, (const void *)gemm_fns[0], &cfg);
   if (e != cudaSuccess) return e;
-  *max_ctas = 2 * clusters;
+  *max_ctas = GEMM_CLUSTER * clusters;
   return cudaSuccess;
 }
 
 static int ceil_div(int a, int b) { return (a + b - 1) / b; }
 
 cudaError_t gemm_launch(gemm_kind kind, const gemm_args *g, int max_ctas, cudaStream_t stream) {
-  static_assert(sizeof gemm_cluster / sizeof gemm_cluster[0] == GEMM_WGRAD + 1, "one per kind");
-  const int C = gemm_cluster[kind];
+  const int C = GEMM_CLUSTER;
   int pairs;
   switch (kind) {
     case GEMM_FWD_GATEUP: pairs = ceil_div(g->m_tiles_max, C) * ceil_div(g->n, 128); break;
@@ -383,6 +374,6 @@ cudaError_t gemm_launch(gemm_kind kind, const gemm_args *g, int max_ctas, cudaSt
   int ctas = C * pairs < max_ctas ? C * pairs : max_ctas;
   if (ctas < C) ctas = C;
   cudaLaunchAttribute attr;
-  cudaLaunchConfig_t cfg = launch_config(ctas, C, stream, &attr);
+  cudaLaunchConfig_t cfg = launch_config(ctas, stream, &attr);
   return cudaLaunchKernelEx(&cfg, gemm_fns[kind], *g);
 }

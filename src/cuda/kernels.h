@@ -16,11 +16,13 @@
 #define GEMM_BK 64       /* k-block: 64 bf16 = one 128-byte swizzle row */
 #define GEMM_STAGES 4
 #define GEMM_THREADS 384 /* producer warpgroup + two consumer warpgroups */
-/* Clusters of two CTAs share (multicast) B tiles: 6-9 % faster on large-K forward products.
- * The cluster size is chosen per kernel (gemm_cluster, gemm_kernels.cu); grids are even. They
- * used to hang (perf-log 2026-12-02): in the phantom k-loop warps 1-3 could fall two phases
- * behind; a forced 100 us delay of those warps reproduced the hang, and the warpgroup barrier in
- * gemm_consume_phantom cured it (perf-log, 86bffbf). */
+/* CTAs per cluster sharing (multicasting) B tiles, 1 or 2. 2 is 6-9 % faster on large-K
+ * forward products. It used to hang (perf-log 2026-12-02): in the phantom k-loop warps 1-3 could
+ * fall two phases behind; a forced 100 us delay of those warps reproduced the hang, and the
+ * warpgroup barrier in gemm_consume_phantom cured it (perf-log, 86bffbf). */
+#ifndef GEMM_CLUSTER
+#define GEMM_CLUSTER 2
+#endif
 typedef enum gemm_kind {
   GEMM_FWD_GATEUP,    /* gu, hw <- A x [gate | up]^T, SwiGLU epilogue */
   GEMM_FWD_DOWN,      /* slot rows (or fp32 rows) <- A x W_down^T */
@@ -62,7 +64,7 @@ typedef struct gemm_args {
 } gemm_args;
 
 /* Once per device, before any launch and outside graph capture: sets the kernels' attributes and
- * gives the most CTAs (an even number, one CTA per SM) that can be resident at once. */
+ * gives the most CTAs (clusters of two, one CTA per SM) that can be resident at once. */
 cudaError_t gemm_init(int *max_ctas);
 /* Launches on at most `ctas` CTAs (even); the grid never changes a bit of the result. */
 cudaError_t gemm_launch(gemm_kind kind, const gemm_args *g, int ctas, cudaStream_t stream);

@@ -28,12 +28,6 @@ MOK_DEV uint32_t cluster_ctarank(void) {
   return r;
 }
 
-MOK_DEV uint32_t cluster_nctarank(void) {
-  uint32_t n;
-  asm("mov.u32 %0, %%cluster_nctarank;" : "=r"(n));
-  return n;
-}
-
 /* All threads of all CTAs of the cluster: orders barrier inits before peers use them, and keeps
  * a CTA alive until its peer no longer writes into its shared memory. */
 MOK_DEV void cluster_sync(void) {
