@@ -68,6 +68,7 @@ typedef enum mok_grad_mode {
 
 typedef struct mok_context mok_context;
 typedef struct mok_workspace mok_workspace;
+typedef struct mok_ep_group mok_ep_group;
 
 /* ---- version, status ------------------------------------------------------------------------ */
 int mok_version(void);                      /* MOK_VERSION of the library that is loaded */
@@ -76,17 +77,28 @@ const char *mok_status_string(mok_status s); /* one line saying what the code me
 /* The last failure on the calling thread: what was wrong and what was expected. "" if none. */
 const char *mok_last_error(void);
 
+/* ---- expert-parallel group ------------------------------------------------------------------ */
+/* `ranks` ranks emulated in this process: each rank has its own context and workspace, and calls
+ * mok_forward / mok_backward from its own thread, as separate processes would; their buffers
+ * serve as each other's peer memory. A rank that has not reached a call's barrier after
+ * `timeout_ms` (0 = 10 000) makes every rank waiting there fail with MOK_ERR_TIMEOUT, and the
+ * group stays failed. CPU backend for now; 1 <= ranks <= MOK_EP_MAX. */
+#define MOK_EP_MAX 64
+mok_status mok_ep_group_create_emulated(int ranks, int timeout_ms, mok_ep_group **out);
+void mok_ep_group_destroy(mok_ep_group *g); /* after every context using it; accepts NULL */
+
 /* ---- context: backend, device, EP group ----------------------------------------------------- */
 typedef struct mok_context_config {
   mok_backend backend;
   int device;   /* CUDA device ordinal; ignored by the CPU backend */
   int ep_rank;  /* rank in the expert-parallel group */
-  int ep_size;  /* ranks in the group; 1 for now */
+  int ep_size;  /* ranks in the group (1: no group) */
   int threads;  /* CPU backend worker threads; 0 = all cores */
   int sms;      /* CUDA: multiprocessors the persistent kernels spread over; 0 = all.
                  * A tuning knob: it never changes a bit of any result (DESIGN §3, D2). */
+  mok_ep_group *group; /* the EP group when ep_size > 1 (its size is ep_size), else NULL */
 } mok_context_config;
-#define MOK_CONTEXT_CONFIG_INIT {MOK_BACKEND_CPU, 0, 0, 1, 0, 0}
+#define MOK_CONTEXT_CONFIG_INIT {MOK_BACKEND_CPU, 0, 0, 1, 0, 0, NULL}
 
 mok_status mok_context_create(const mok_context_config *cfg, mok_context **out);
 void mok_context_destroy(mok_context *ctx); /* accepts NULL */
@@ -102,8 +114,12 @@ typedef struct mok_shape {
   int32_t experts;      /* E, all ranks together; E % ep == 0 */
   int32_t top_k;        /* k, 1 <= k <= E */
   mok_precision precision;
+  int64_t routed_rows;  /* capacity: the most routed rows one call may bring to a rank's experts,
+                         * each expert's count rounded up to MOK_TILE_M; 0 = the worst case (every
+                         * slot of every rank). A call that needs more fails with
+                         * MOK_ERR_CAPACITY on every rank, outputs untouched. */
 } mok_shape;
-#define MOK_SHAPE_INIT {0, 0, 0, 0, 0, 0, MOK_BF16}
+#define MOK_SHAPE_INIT {0, 0, 0, 0, 0, 0, MOK_BF16, 0}
 
 /* The CUDA backend also needs H, I and I_s to be multiples of 64. */
 mok_status mok_workspace_create(mok_context *ctx, const mok_shape *shape, mok_workspace **out);

@@ -45,9 +45,17 @@ mok_status mok_context_create(const mok_context_config *cfg, mok_context **out) 
             "ep_rank is %d; expected 0 <= ep_rank < ep_size (%d)", cfg->ep_rank, cfg->ep_size);
   CHECK_ARG(cfg->threads >= 0, "threads is %d; expected >= 0 (0 = all cores)", cfg->threads);
   CHECK_ARG(cfg->sms >= 0, "sms is %d; expected >= 0 (0 = all multiprocessors)", cfg->sms);
-  if (cfg->ep_size != 1)
-    return mok_fail(MOK_ERR_UNSUPPORTED, "ep_size %d: expert parallelism is not built yet; use 1",
-                    cfg->ep_size);
+  if (cfg->ep_size > 1 || cfg->group) {
+    CHECK_ARG(cfg->group != NULL,
+              "ep_size is %d but group is NULL; expected an EP group of ep_size ranks "
+              "(mok_ep_group_create_emulated)", cfg->ep_size);
+    CHECK_ARG(cfg->group->size == cfg->ep_size, "ep_size is %d but the group has %d ranks",
+              cfg->ep_size, cfg->group->size);
+    if (cfg->backend != MOK_BACKEND_CPU)
+      return mok_fail(MOK_ERR_UNSUPPORTED,
+                      "expert parallelism (ep_size %d) runs on the CPU backend only so far",
+                      cfg->ep_size);
+  }
   mok_context *ctx = calloc(1, sizeof *ctx);
   if (!ctx) return mok_fail(MOK_ERR_OUT_OF_MEMORY, "no host memory for a context");
   ctx->cfg = *cfg;
@@ -84,6 +92,8 @@ static mok_status check_shape(const mok_context *ctx, const mok_shape *s) {
   CHECK_ARG(s->max_tokens * s->top_k * ctx->cfg.ep_size <= ((int64_t)1 << 26),
             "max_tokens * top_k * ep_size is %lld; expected at most 2^26",
             (long long)(s->max_tokens * s->top_k * ctx->cfg.ep_size));
+  CHECK_ARG(s->routed_rows >= 0, "routed_rows is %lld; expected >= 0 (0 = the worst case)",
+            (long long)s->routed_rows);
   if (s->precision != MOK_BF16)
     return mok_fail(MOK_ERR_UNSUPPORTED, "precision %d: only MOK_BF16 is supported",
                     (int)s->precision);
@@ -108,6 +118,12 @@ mok_status mok_workspace_create(mok_context *ctx, const mok_shape *shape, mok_wo
     free(ws);
     return st;
   }
+  st = mok_group_join(ctx->cfg.group, ctx->cfg.ep_rank, ws);
+  if (st != MOK_OK) {
+    ctx->ops->workspace_fini(ws);
+    free(ws);
+    return st;
+  }
   mok_clear_error();
   *out = ws;
   return MOK_OK;
@@ -115,6 +131,7 @@ mok_status mok_workspace_create(mok_context *ctx, const mok_shape *shape, mok_wo
 
 void mok_workspace_destroy(mok_workspace *ws) {
   if (!ws) return;
+  mok_group_leave(ws->ctx->cfg.group, ws->ctx->cfg.ep_rank, ws);
   ws->ctx->ops->workspace_fini(ws);
   free(ws);
 }

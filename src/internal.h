@@ -45,7 +45,8 @@ typedef struct mok_saved_layout {
   size_t status;         /* int32[4]: [0] device error bits of this call */
   size_t counts;         /* int32[E_local] routed rows per local expert */
   size_t offsets;        /* int32[E_local + 1] padded first row per expert; [E_local] = total */
-  size_t row_src;        /* int32[rows_cap] slot (t*k + j) of each routed row; -1 on padding */
+  size_t row_src;        /* int32[rows_cap] source of each routed row: its rank's slot t*k + j,
+                          * plus rank * max_tokens * k; -1 on padding */
   size_t row_weight;     /* float[rows_cap] topk weight of each routed row; 0 on padding */
   size_t mblock_expert;  /* int32[rows_cap / MOK_TILE_M] local expert of each 128-row block */
   size_t gu;             /* bf16[rows_cap, 2I]: [bf16(gate) | bf16(up)] pre-activations */
@@ -54,6 +55,26 @@ typedef struct mok_saved_layout {
   size_t hs;             /* bf16[T, I_s]: shared expert silu(gate) * up */
   size_t bytes;          /* total */
 } mok_saved_layout;
+
+/* ---- expert-parallel group (group.c) -------------------------------------------------------- */
+/* Emulated ranks in one process. `ws` is the peer table: rank r's workspace, whose symmetric
+ * buffers the other ranks read (dispatch pulls) and write (combine pushes into their own slots). */
+struct mok_ep_group {
+  int size;
+  int timeout_ms;
+  int broken;           /* a barrier timed out: every later barrier fails at once */
+  struct mok_workspace *ws[MOK_EP_MAX];
+  void *sync;           /* mutex, condition and barrier state (group.c) */
+};
+
+/* Every rank of the group calls this at the same points of a call. `bits` in: this rank's error
+ * bits (MOK_DEVERR_*); out: the OR over all ranks, so every rank stops when any one must.
+ * MOK_ERR_TIMEOUT if some rank did not arrive within the group's timeout. A NULL group (ep = 1)
+ * returns at once. */
+mok_status mok_group_barrier(mok_ep_group *g, int32_t *bits);
+/* The workspace of each rank joins the peer table when created and leaves it when destroyed. */
+mok_status mok_group_join(mok_ep_group *g, int rank, struct mok_workspace *ws);
+void mok_group_leave(mok_ep_group *g, int rank, struct mok_workspace *ws);
 
 struct mok_backend_ops;
 

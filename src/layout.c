@@ -5,11 +5,16 @@
 #include "internal.h"
 
 /* Routed rows on this rank, padding included: every non-empty expert pads its segment by at most
- * MOK_TILE_M - 1 rows, and at most min(E_local, rows) experts are non-empty. */
+ * MOK_TILE_M - 1 rows, and at most min(E_local, rows) experts are non-empty. The worst case takes
+ * every slot of this call (ep = 1) or of every rank's largest call (ep > 1: peers may pass up to
+ * max_tokens); shape.routed_rows, when set, caps it. */
 static int64_t rows_capacity(const mok_workspace *ws, int64_t tokens) {
-  int64_t rows = tokens * ws->shape.top_k * ws->ctx->cfg.ep_size;
-  int64_t pads = mok_min64(ws->experts_local, rows) * (MOK_TILE_M - 1);
-  return mok_round_up(rows + pads, MOK_TILE_M);
+  const int ep = ws->ctx->cfg.ep_size;
+  const int64_t rows = (ep == 1 ? tokens : ws->shape.max_tokens) * ws->shape.top_k * ep;
+  const int64_t pads = mok_min64(ws->experts_local, rows) * (MOK_TILE_M - 1);
+  int64_t cap = mok_round_up(rows + pads, MOK_TILE_M);
+  if (ws->shape.routed_rows > 0) cap = mok_min64(cap, mok_round_up(ws->shape.routed_rows, MOK_TILE_M));
+  return cap;
 }
 
 mok_saved_layout mok_saved_layout_of(const mok_workspace *ws, int64_t tokens) {

@@ -45,8 +45,37 @@ static void context_arguments(void) {
   EXPECT_FAIL(mok_context_create(&bad, &ctx), MOK_ERR_INVALID_ARG, "ep_rank", ctx);
   bad = cfg, bad.threads = -1;
   EXPECT_FAIL(mok_context_create(&bad, &ctx), MOK_ERR_INVALID_ARG, "threads", ctx);
-  bad = cfg, bad.ep_size = 2, bad.ep_rank = 1; /* a valid group, not built yet */
-  EXPECT_FAIL(mok_context_create(&bad, &ctx), MOK_ERR_UNSUPPORTED, "ep_size", ctx);
+  bad = cfg, bad.ep_size = 2, bad.ep_rank = 1; /* no group to go with it */
+  EXPECT_FAIL(mok_context_create(&bad, &ctx), MOK_ERR_INVALID_ARG, "group is NULL", ctx);
+
+  mok_ep_group *grp = (mok_ep_group *)(uintptr_t)1;
+  EXPECT_FAIL(mok_ep_group_create_emulated(0, 0, &grp), MOK_ERR_INVALID_ARG, "ranks", grp);
+  grp = (mok_ep_group *)(uintptr_t)1;
+  EXPECT_FAIL(mok_ep_group_create_emulated(MOK_EP_MAX + 1, 0, &grp), MOK_ERR_INVALID_ARG, "ranks",
+              grp);
+  grp = (mok_ep_group *)(uintptr_t)1;
+  EXPECT_FAIL(mok_ep_group_create_emulated(2, -1, &grp), MOK_ERR_INVALID_ARG, "timeout_ms", grp);
+  CHECK(mok_ep_group_create_emulated(2, 0, NULL) == MOK_ERR_INVALID_ARG, "group out NULL");
+  CHECK_OK(mok_ep_group_create_emulated(2, 0, &grp));
+  bad = cfg, bad.ep_size = 3, bad.ep_rank = 1, bad.group = grp;
+  EXPECT_FAIL(mok_context_create(&bad, &ctx), MOK_ERR_INVALID_ARG, "has 2 ranks", ctx);
+  bad = cfg, bad.ep_size = 1, bad.group = grp;
+  EXPECT_FAIL(mok_context_create(&bad, &ctx), MOK_ERR_INVALID_ARG, "has 2 ranks", ctx);
+  bad = cfg, bad.ep_size = 2, bad.ep_rank = 1, bad.group = grp, bad.backend = MOK_BACKEND_CUDA;
+  EXPECT_FAIL(mok_context_create(&bad, &ctx), MOK_ERR_UNSUPPORTED, "CPU backend only", ctx);
+  /* One workspace per rank and group. */
+  bad = cfg, bad.ep_size = 2, bad.ep_rank = 1, bad.group = grp;
+  CHECK_OK(mok_context_create(&bad, &ctx));
+  const mok_shape s = {16, 32, 16, 0, 4, 2, MOK_BF16, 0};
+  mok_workspace *w1 = NULL, *w2 = (mok_workspace *)(uintptr_t)1;
+  CHECK_OK(mok_workspace_create(ctx, &s, &w1));
+  EXPECT_FAIL(mok_workspace_create(ctx, &s, &w2), MOK_ERR_INVALID_ARG, "already has", w2);
+  mok_workspace_destroy(w1);
+  CHECK_OK(mok_workspace_create(ctx, &s, &w1)); /* the slot is free again */
+  mok_workspace_destroy(w1);
+  mok_context_destroy(ctx);
+  mok_ep_group_destroy(grp);
+  mok_ep_group_destroy(NULL);
   if (mok_cuda_device_count() == 0) {
     bad = cfg, bad.backend = MOK_BACKEND_CUDA;
     EXPECT_FAIL(mok_context_create(&bad, &ctx), MOK_ERR_UNSUPPORTED, "CUDA", ctx);
@@ -64,7 +93,7 @@ static void workspace_arguments(void) {
   mok_context *ctx = NULL;
   CHECK_OK(mok_context_create(&cfg, &ctx));
   if (!ctx) return;
-  const mok_shape good = {64, 32, 16, 8, 4, 2, MOK_BF16};
+  const mok_shape good = {64, 32, 16, 8, 4, 2, MOK_BF16, 0};
   mok_workspace *ws = (mok_workspace *)(uintptr_t)1;
   EXPECT_FAIL(mok_workspace_create(NULL, &good, &ws), MOK_ERR_INVALID_ARG, "ctx", ws);
   ws = (mok_workspace *)(uintptr_t)1;
@@ -76,18 +105,19 @@ static void workspace_arguments(void) {
     mok_shape s;
     mok_status want;
   } bad[] = {
-      {"max_tokens", {0, 32, 16, 8, 4, 2, MOK_BF16}, MOK_ERR_INVALID_ARG},
-      {"max_tokens", {(1 << 20) + 1, 32, 16, 8, 4, 2, MOK_BF16}, MOK_ERR_INVALID_ARG},
-      {"hidden", {64, 0, 16, 8, 4, 2, MOK_BF16}, MOK_ERR_INVALID_ARG},
-      {"inter", {64, 32, 0, 8, 4, 2, MOK_BF16}, MOK_ERR_INVALID_ARG},
-      {"shared_inter", {64, 32, 16, -1, 4, 2, MOK_BF16}, MOK_ERR_INVALID_ARG},
-      {"experts", {64, 32, 16, 8, 0, 1, MOK_BF16}, MOK_ERR_INVALID_ARG},
-      {"experts", {64, 32, 16, 8, 4097, 2, MOK_BF16}, MOK_ERR_INVALID_ARG},
-      {"top_k", {64, 32, 16, 8, 4, 0, MOK_BF16}, MOK_ERR_INVALID_ARG},
-      {"top_k", {64, 32, 16, 8, 4, 5, MOK_BF16}, MOK_ERR_INVALID_ARG},
-      {"max_tokens * top_k", {1 << 20, 32, 16, 8, 128, 128, MOK_BF16}, MOK_ERR_INVALID_ARG},
-      {"precision", {64, 32, 16, 8, 4, 2, MOK_FP8}, MOK_ERR_UNSUPPORTED},
-      {"precision", {64, 32, 16, 8, 4, 2, (mok_precision)9}, MOK_ERR_UNSUPPORTED},
+      {"max_tokens", {0, 32, 16, 8, 4, 2, MOK_BF16, 0}, MOK_ERR_INVALID_ARG},
+      {"max_tokens", {(1 << 20) + 1, 32, 16, 8, 4, 2, MOK_BF16, 0}, MOK_ERR_INVALID_ARG},
+      {"hidden", {64, 0, 16, 8, 4, 2, MOK_BF16, 0}, MOK_ERR_INVALID_ARG},
+      {"inter", {64, 32, 0, 8, 4, 2, MOK_BF16, 0}, MOK_ERR_INVALID_ARG},
+      {"shared_inter", {64, 32, 16, -1, 4, 2, MOK_BF16, 0}, MOK_ERR_INVALID_ARG},
+      {"experts", {64, 32, 16, 8, 0, 1, MOK_BF16, 0}, MOK_ERR_INVALID_ARG},
+      {"experts", {64, 32, 16, 8, 4097, 2, MOK_BF16, 0}, MOK_ERR_INVALID_ARG},
+      {"top_k", {64, 32, 16, 8, 4, 0, MOK_BF16, 0}, MOK_ERR_INVALID_ARG},
+      {"top_k", {64, 32, 16, 8, 4, 5, MOK_BF16, 0}, MOK_ERR_INVALID_ARG},
+      {"max_tokens * top_k", {1 << 20, 32, 16, 8, 128, 128, MOK_BF16, 0}, MOK_ERR_INVALID_ARG},
+      {"precision", {64, 32, 16, 8, 4, 2, MOK_FP8, 0}, MOK_ERR_UNSUPPORTED},
+      {"precision", {64, 32, 16, 8, 4, 2, (mok_precision)9, 0}, MOK_ERR_UNSUPPORTED},
+      {"routed_rows", {64, 32, 16, 8, 4, 2, MOK_BF16, -1}, MOK_ERR_INVALID_ARG},
   };
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
     ws = (mok_workspace *)(uintptr_t)1;

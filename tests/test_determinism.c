@@ -28,7 +28,7 @@ static int64_t first_diff(const void *a, const void *b, int64_t n, size_t elem) 
     CHECK(at_ < 0, "%s: first difference at element %lld", (what), (long long)at_);   \
   } while (0)
 
-static const mok_shape shape = {96, 160, 96, 64, 8, 4, MOK_BF16};
+static const mok_shape shape = {96, 160, 96, 64, 8, 4, MOK_BF16, 0};
 
 /* Every output of a run of h, kept for comparison. */
 typedef struct outputs {

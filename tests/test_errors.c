@@ -178,7 +178,7 @@ static mok_status run_op(int op, call *c) {
 }
 
 static void bad_arguments(void) {
-  const mok_shape with = {16, 32, 16, 8, 4, 2, MOK_BF16}, without = {16, 32, 16, 0, 4, 2, MOK_BF16};
+  const mok_shape with = {16, 32, 16, 8, 4, 2, MOK_BF16, 0}, without = {16, 32, 16, 0, 4, 2, MOK_BF16, 0};
   harness hs[2];
   int ok0 = harness_init(&hs[0], &with, 16, 31, 0), ok1 = harness_init(&hs[1], &without, 16, 32, 0);
   if (ok0 && ok1) {
@@ -216,7 +216,7 @@ static int32_t status_word(const harness *h) {
 /* An id of E, then -1, at token 3, slot 1: every op that reads topk_ids fails and writes only
  * the status word; mok_check reports it once. */
 static void bad_expert_id(void) {
-  const mok_shape s = {16, 32, 16, 8, 4, 2, MOK_BF16};
+  const mok_shape s = {16, 32, 16, 8, 4, 2, MOK_BF16, 0};
   const int32_t bad_ids[2] = {4, -1};
   harness h;
   if (harness_init(&h, &s, 16, 41, 0)) {

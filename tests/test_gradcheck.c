@@ -163,7 +163,7 @@ static const char *grad_name[G_COUNT] = {"w_gate", "w_up", "w_down", "ws_gate", 
                                          "ws_down"};
 
 static void finite_differences(void) {
-  const mok_shape s = {4, 16, 8, 6, 4, 2, MOK_BF16};
+  const mok_shape s = {4, 16, 8, 6, 4, 2, MOK_BF16, 0};
   mok_host_layer L;
   CHECK_OK(mok_host_layer_create(&s, 4, 4242, &L));
   dlayer d;
@@ -192,7 +192,7 @@ static void finite_differences(void) {
 /* The backend's gradients vs the unrounded analytic ones: bf16 rounding of the intermediates is
  * the only difference (about 1e-3 relative); a wrong formula is off by O(1). */
 static void backend_vs_analytic(void) {
-  const mok_shape s = {32, 64, 48, 32, 6, 2, MOK_BF16};
+  const mok_shape s = {32, 64, 48, 32, 6, 2, MOK_BF16, 0};
   harness h;
   if (harness_init(&h, &s, 32, 777, 0)) {
     harness_poison(&h, 0x5A);

@@ -115,9 +115,9 @@ static void run_case(const mok_shape *s, int64_t T, uint64_t seed, mok_grad_mode
 }
 
 /* I = 160: the router gradient's last 64-column chunk is partial; I_s != I. */
-static const mok_shape shape_a = {64, 256, 160, 96, 8, 3, MOK_BF16};
+static const mok_shape shape_a = {64, 256, 160, 96, 8, 3, MOK_BF16, 0};
 /* No shared expert, k = 1, H not a multiple of 16 (the dot products' tail). */
-static const mok_shape shape_b = {48, 200, 64, 0, 6, 1, MOK_BF16};
+static const mok_shape shape_b = {48, 200, 64, 0, 6, 1, MOK_BF16, 0};
 
 static void forward_vs_ref64(void) {
   harness h;
@@ -158,7 +158,7 @@ static double seconds(void) {
 }
 
 static void dsv3_sixteenth(void) {
-  const mok_shape s = {256, 448, 128, 128, 32, 8, MOK_BF16};
+  const mok_shape s = {256, 448, 128, 128, 32, 8, MOK_BF16, 0};
   harness h;
   if (harness_init(&h, &s, 256, 404, 0)) {
     harness_poison(&h, 0xA5);

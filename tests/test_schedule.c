@@ -121,7 +121,7 @@ typedef int32_t (*route_fn)(int64_t t, int64_t j);
 /* One case: a layer whose ids come from `route`; schedule alone, then forward + backward. */
 static void run_case(int64_t max_tokens, int64_t T, int32_t E, int32_t k, route_fn route,
                      uint64_t seed, const char *what) {
-  const mok_shape s = {max_tokens, 32, 16, 8, E, k, MOK_BF16};
+  const mok_shape s = {max_tokens, 32, 16, 8, E, k, MOK_BF16, 0};
   harness h;
   if (harness_init(&h, &s, T, seed, 0)) {
     for (int64_t t = 0; t < T; t++)

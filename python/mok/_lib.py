@@ -62,13 +62,13 @@ STATUS = {
 # ---- structs (field order and types exactly as in mok.h) ----------------------------------------
 class ContextConfig(ctypes.Structure):
     _fields_ = [("backend", c_int), ("device", c_int), ("ep_rank", c_int), ("ep_size", c_int),
-                ("threads", c_int), ("sms", c_int)]
+                ("threads", c_int), ("sms", c_int), ("group", c_void_p)]
 
 
 class Shape(ctypes.Structure):
     _fields_ = [("max_tokens", c_int64), ("hidden", c_int64), ("inter", c_int64),
                 ("shared_inter", c_int64), ("experts", c_int32), ("top_k", c_int32),
-                ("precision", c_int)]
+                ("precision", c_int), ("routed_rows", c_int64)]
 
 
 class Weights(ctypes.Structure):
@@ -99,6 +99,8 @@ _PROTOTYPES = {
     "mok_status_name": (c_char_p, [c_int]),
     "mok_status_string": (c_char_p, [c_int]),
     "mok_last_error": (c_char_p, []),
+    "mok_ep_group_create_emulated": (c_int, [c_int, c_int, POINTER(c_void_p)]),
+    "mok_ep_group_destroy": (None, [c_void_p]),
     "mok_context_create": (c_int, [POINTER(ContextConfig), POINTER(c_void_p)]),
     "mok_context_destroy": (None, [c_void_p]),
     "mok_cuda_device_count": (c_int, []),

@@ -27,11 +27,19 @@ static mok_status cpu_workspace_init(mok_workspace *ws) {
   /* A thread's scratch: one output row of H, a second of H, and dh of I_m. */
   st->per_thread_len = mok_round_up(2 * H + Im, 16);
 
+  const int64_t S = T * s->top_k;
   size_t c = 0;
+  size_t o_sx = mok_take(&c, (T * H) * (int64_t)sizeof(uint16_t));
+  size_t o_sdy = mok_take(&c, (T * H) * (int64_t)sizeof(uint16_t));
+  size_t o_sids = mok_take(&c, S * (int64_t)sizeof(int32_t));
+  size_t o_sw = mok_take(&c, S * (int64_t)sizeof(float));
+  size_t o_slot = mok_take(&c, (S * H) * (int64_t)sizeof(uint16_t));
+  size_t o_sdtw = mok_take(&c, S * (int64_t)sizeof(float));
   size_t o_xf = mok_take(&c, (T * H) * (int64_t)sizeof(float));
   size_t o_dyf = mok_take(&c, (T * H) * (int64_t)sizeof(float));
+  size_t o_xr = mok_take(&c, (R * H) * (int64_t)sizeof(float));
+  size_t o_dyr = mok_take(&c, (R * H) * (int64_t)sizeof(float));
   size_t o_side = mok_take(&c, (T * H) * (int64_t)sizeof(float));
-  size_t o_slot = mok_take(&c, (T * s->top_k * H) * (int64_t)sizeof(uint16_t));
   size_t o_hwf = mok_take(&c, (R * I) * (int64_t)sizeof(float));
   size_t o_dguf = mok_take(&c, (R * 2 * I) * (int64_t)sizeof(float));
   size_t o_hsf = mok_take(&c, (T * Is) * (int64_t)sizeof(float));
@@ -49,10 +57,17 @@ static mok_status cpu_workspace_init(mok_workspace *ws) {
                     (long long)T);
   }
   st->block = b;
+  st->sym_x = (uint16_t *)(b + o_sx);
+  st->sym_dy = (uint16_t *)(b + o_sdy);
+  st->sym_ids = (int32_t *)(b + o_sids);
+  st->sym_w = (float *)(b + o_sw);
+  st->slot = (uint16_t *)(b + o_slot);
+  st->sym_dtw = (float *)(b + o_sdtw);
   st->xf = (float *)(b + o_xf);
   st->dyf = (float *)(b + o_dyf);
+  st->xr = (float *)(b + o_xr);
+  st->dyr = (float *)(b + o_dyr);
   st->side = (float *)(b + o_side);
-  st->slot = (uint16_t *)(b + o_slot);
   st->hwf = (float *)(b + o_hwf);
   st->dguf = (float *)(b + o_dguf);
   st->hsf = (float *)(b + o_hsf);

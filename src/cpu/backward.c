@@ -1,15 +1,15 @@
 /*
- * backward.c: step 5 for routed rows: dispatch of dy (by index, from dyf), dgrad through down,
- * the router gradient, the SwiGLU backward from the saved gu, and dgrad through gate/up into the
- * row's slot t*k + j. Keeps each row's dgu (and hw as fp32) for the weight gradients.
+ * backward.c: step 5 for routed rows (dispatch has filled dyr): dgrad through down, the router
+ * gradient, the SwiGLU backward from the saved gu, and dgrad through gate/up; the router gradient
+ * and the dx row go to the row's slot t*k + j on its source rank. Keeps each row's dgu (and hw as
+ * fp32) for the weight gradients.
  */
 #include "bf16.h"
 #include "cpu/cpu.h"
 
-void cpu_expert_backward(mok_workspace *ws, const mok_weights *w, const cpu_saved *sv,
-                         float *d_topk_weights) {
+void cpu_expert_backward(mok_workspace *ws, const mok_weights *w, const cpu_saved *sv) {
   const cpu_state *st = cpu_state_of(ws);
-  const int64_t H = ws->shape.hidden, I = ws->shape.inter, k = ws->shape.top_k;
+  const int64_t H = ws->shape.hidden, I = ws->shape.inter;
   const uint16_t *wg = w->w_gate, *wu = w->w_up, *wd = w->w_down;
 
   #pragma omp parallel num_threads(st->threads)
@@ -22,13 +22,15 @@ void cpu_expert_backward(mok_workspace *ws, const mok_weights *w, const cpu_save
       cpu_load_panels(ws, wg + e * I * H, wu + e * I * H, wd + e * H * I, H, I);
       #pragma omp for schedule(static)
       for (int64_t r = r0; r < r0 + n; r++) {
-        const int64_t s = sv->row_src[r], t = s / k;
+        const int32_t src = sv->row_src[r];
+        cpu_state *home = cpu_peer(ws, cpu_src_rank(ws, src));
+        const int64_t slot = cpu_src_slot(ws, src);
         for (int64_t i = 0; i < I; i++) st->hwf[r * I + i] = bf16_to_f32(sv->hw[r * I + i]);
-        d_topk_weights[s] =
-            cpu_mlp_backward_row(st->dyf + t * H, st->panel_gu, st->panel_down, H, I,
+        home->sym_dtw[slot] =
+            cpu_mlp_backward_row(st->dyr + r * H, st->panel_gu, st->panel_down, H, I,
                                  sv->row_weight[r], sv->gu + r * 2 * I, dh,
                                  st->dguf + r * 2 * I, dx);
-        for (int64_t h = 0; h < H; h++) st->slot[s * H + h] = f32_to_bf16(dx[h]);
+        for (int64_t h = 0; h < H; h++) home->slot[slot * H + h] = f32_to_bf16(dx[h]);
       }
     }
   }

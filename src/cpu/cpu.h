@@ -19,10 +19,21 @@
 typedef struct cpu_state {
   int threads;        /* team size of every parallel region */
   int32_t sticky;     /* device-error bits raised since the last check (MOK_DEVERR_*) */
-  float *xf;          /* [T, H] x as fp32 (the dispatch reads rows of it by token) */
+  /* Symmetric buffers: what the other ranks of an EP group read (the call's inputs, published at
+   * its start) and write (slot rows and router gradients of this rank's tokens). */
+  int64_t sym_tokens; /* T of the call in flight */
+  uint16_t *sym_x;    /* [T, H] x (bf16), published */
+  uint16_t *sym_dy;   /* [T, H] dy (bf16), published by backward */
+  int32_t *sym_ids;   /* [T*k] topk_ids, published by forward */
+  float *sym_w;       /* [T*k] topk_weights, published by forward */
+  uint16_t *slot;     /* [T*k, H] bf16 per-slot rows, pushed by the expert's rank: o forward,
+                       * dxr backward */
+  float *sym_dtw;     /* [T*k] d_topk_weights, pushed by the expert's rank */
+  float *xf;          /* [T, H] x as fp32 (the shared expert's input) */
   float *dyf;         /* [T, H] dy as fp32 */
+  float *xr;          /* [R, H] routed rows of x as fp32 (dispatch; zeros on padding) */
+  float *dyr;         /* [R, H] routed rows of dy as fp32 */
   float *side;        /* [T, H] shared expert's fp32 output: ys forward, dxs backward */
-  uint16_t *slot;     /* [T*k, H] bf16 per-slot rows: o forward, dxr backward */
   float *hwf;         /* [R, I] hw of each routed row as fp32 (values of the saved bf16) */
   float *dguf;        /* [R, 2I] bf16-rounded [dgate | dup] of each routed row, as fp32 */
   float *hsf;         /* [T, I_s] hs as fp32 */
@@ -52,6 +63,18 @@ typedef struct cpu_saved {
 } cpu_saved;
 
 static inline cpu_state *cpu_state_of(const mok_workspace *ws) { return (cpu_state *)ws->backend; }
+/* The state of rank `rank` of ws's EP group (ws's own at ep = 1): its symmetric buffers. */
+static inline cpu_state *cpu_peer(const mok_workspace *ws, int64_t rank) {
+  const mok_ep_group *g = ws->ctx->cfg.group;
+  return g ? cpu_state_of(g->ws[rank]) : cpu_state_of(ws);
+}
+/* A routed row's source: rank and slot t*k + j there (row_src = rank * max_tokens * k + slot). */
+static inline int64_t cpu_src_rank(const mok_workspace *ws, int32_t src) {
+  return src / (ws->shape.max_tokens * ws->shape.top_k);
+}
+static inline int64_t cpu_src_slot(const mok_workspace *ws, int32_t src) {
+  return src % (ws->shape.max_tokens * ws->shape.top_k);
+}
 /* common.c */
 cpu_saved cpu_saved_view(const mok_workspace *ws, const void *saved, int64_t tokens);
 
@@ -62,17 +85,22 @@ mok_status cpu_layer_forward(mok_workspace *ws, const mok_forward_args *a, int c
 mok_status cpu_layer_backward(mok_workspace *ws, const mok_backward_args *a, void *stream);
 
 /* ---- steps (one file each) ------------------------------------------------------------------ */
-/* schedule.c: checks every id, then writes status, counts, offsets, row_src, row_weight and
- * mblock_expert. On a bad id: sets status[0] and the sticky bits, returns MOK_ERR_EXPERT_ID and
- * writes nothing else. */
+/* schedule.c: publishes the call's ids and weights, checks every rank's ids (the group's first
+ * barrier), then writes status, counts, offsets, row_src, row_weight and mblock_expert over the
+ * ids of every rank, and checks the capacity (second barrier). On a bad id anywhere, or a rank
+ * over capacity, every rank sets status[0] and its sticky bits, returns the error and leaves the
+ * rest of saved (and every output) as it was. */
 mok_status cpu_schedule_build(mok_workspace *ws, const int32_t *topk_ids,
                               const float *topk_weights, int64_t tokens, const cpu_saved *sv);
+/* dispatch.c: routed row r of xr (and of dyr when dy is set) gets its source token's row, read
+ * from the source rank's published x (dy); padding rows get zeros. */
+void cpu_dispatch(mok_workspace *ws, const cpu_saved *sv, int with_dy);
 
 /* common.c: dst[i] = (float)src[i] over n values, by a team of its own. */
 void cpu_bf16_to_f32(const mok_workspace *ws, float *dst, const uint16_t *src, int64_t n);
 
 /* expert.c: routed forward. gu and hw of every routed row into saved (padding rows zeroed);
- * with compute_y, also o_r = bf16(W_down hw_r) into slot[t*k + j]. */
+ * with compute_y, also o_r = bf16(W_down hw_r) into slot[t*k + j] of the row's source rank. */
 void cpu_expert_forward(mok_workspace *ws, const mok_weights *w, const cpu_saved *sv,
                         int compute_y);
 /* shared.c: shared expert forward (gus, hs into saved; with compute_y, ys into side) and
@@ -81,10 +109,9 @@ void cpu_shared_forward(mok_workspace *ws, const mok_weights *w, const cpu_saved
                         int64_t tokens, int compute_y);
 void cpu_shared_backward(mok_workspace *ws, const mok_weights *w, const cpu_saved *sv,
                          int64_t tokens);
-/* backward.c: routed backward dgrad: d_topk_weights, dgu rows into dguf, hw rows into hwf, and
- * dxr_r = bf16(W_gu^T dgu_r) into slot[t*k + j]. */
-void cpu_expert_backward(mok_workspace *ws, const mok_weights *w, const cpu_saved *sv,
-                         float *d_topk_weights);
+/* backward.c: routed backward dgrad: dgu rows into dguf, hw rows into hwf; to the row's source
+ * rank, d_topk_weights into sym_dtw[t*k + j] and dxr_r = bf16(W_gu^T dgu_r) into slot[t*k + j]. */
+void cpu_expert_backward(mok_workspace *ws, const mok_weights *w, const cpu_saved *sv);
 /* combine.c: out[t] = bf16(((side[t] or 0) + slot[t*k]) + ... + slot[t*k + k-1]). */
 void cpu_combine(mok_workspace *ws, int64_t tokens, int with_side, uint16_t *out);
 /* wgrad.c: the six weight gradients. */

@@ -1,7 +1,7 @@
 /*
- * expert.c: steps 2 and 3 of the forward for routed rows: dispatch (a routed row reads its
- * token's row of x, already fp32 in xf, by index: no copy is needed on one rank), the gate/up
- * GEMM with the SwiGLU epilogue into `saved`, and the down GEMM into the row's slot t*k + j.
+ * expert.c: step 3 of the forward for routed rows (dispatch has filled xr): the gate/up GEMM with
+ * the SwiGLU epilogue into `saved`, and the down GEMM into the row's slot t*k + j on its source
+ * rank (combine's push).
  *
  * Experts run one after another; the team converts the expert's weights to fp32 panels once, then
  * splits its rows. Padding rows of gu and hw are zeroed so that `saved` is the same whatever it
@@ -15,7 +15,7 @@
 void cpu_expert_forward(mok_workspace *ws, const mok_weights *w, const cpu_saved *sv,
                         int compute_y) {
   const cpu_state *st = cpu_state_of(ws);
-  const int64_t H = ws->shape.hidden, I = ws->shape.inter, k = ws->shape.top_k;
+  const int64_t H = ws->shape.hidden, I = ws->shape.inter;
   const uint16_t *wg = w->w_gate, *wu = w->w_up, *wd = w->w_down;
 
   #pragma omp parallel num_threads(st->threads)
@@ -27,12 +27,14 @@ void cpu_expert_forward(mok_workspace *ws, const mok_weights *w, const cpu_saved
       cpu_load_panels(ws, wg + e * I * H, wu + e * I * H, wd + e * H * I, H, I);
       #pragma omp for schedule(static)
       for (int64_t r = r0; r < r0 + n; r++) {
-        const int64_t s = sv->row_src[r], t = s / k;
-        cpu_mlp_forward_row(st->xf + t * H, st->panel_gu, st->panel_down, H, I,
+        cpu_mlp_forward_row(st->xr + r * H, st->panel_gu, st->panel_down, H, I,
                             sv->row_weight[r], sv->gu + r * 2 * I, sv->hw + r * I,
                             st->hwf + r * I, compute_y ? out : NULL);
-        if (compute_y)
-          for (int64_t h = 0; h < H; h++) st->slot[s * H + h] = f32_to_bf16(out[h]);
+        if (compute_y) {
+          const int32_t src = sv->row_src[r];
+          uint16_t *dst = cpu_peer(ws, cpu_src_rank(ws, src))->slot + cpu_src_slot(ws, src) * H;
+          for (int64_t h = 0; h < H; h++) dst[h] = f32_to_bf16(out[h]);
+        }
       }
     }
     #pragma omp for schedule(static)

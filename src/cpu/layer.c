@@ -1,14 +1,37 @@
 /*
- * layer.c: the CPU backend's entry points, each the steps of DESIGN.md §2 in order. Every error
- * is found before the first output is written (bad ids by the schedule, a failed forward by the
- * status word of `saved`), so a failing call leaves its outputs untouched.
+ * layer.c: the CPU backend's entry points, each the steps of DESIGN.md §2 in order. With an EP
+ * group every rank runs them at once from its own thread; the group's barriers open a direction
+ * (inputs published), check it (ids, capacity; in schedule.c) and close it (every push into this
+ * rank's slots done). Every output is written after the closing barrier and every error is found
+ * before it, so a failing call (a bad id or capacity anywhere, a failed forward, a rank that never
+ * comes) leaves its outputs untouched.
  */
+#include <string.h>
+
 #include "cpu/cpu.h"
+
+/* Publishes this rank's x (and dy) for the peers' dispatch. */
+static void publish(mok_workspace *ws, int64_t tokens, const void *x, const void *dy) {
+  cpu_state *st = cpu_state_of(ws);
+  const size_t n = (size_t)(tokens * ws->shape.hidden) * sizeof(uint16_t);
+  st->sym_tokens = tokens;
+  memcpy(st->sym_x, x, n);
+  if (dy) memcpy(st->sym_dy, dy, n);
+}
+
+/* The closing barrier: every rank's pushes into this rank's slots are done, and no rank reads
+ * this rank's published inputs any more. */
+static mok_status close_direction(mok_workspace *ws) {
+  int32_t bits = 0;
+  return mok_group_barrier(ws->ctx->cfg.group, &bits);
+}
 
 mok_status cpu_layer_schedule(mok_workspace *ws, const mok_forward_args *a, void *stream) {
   (void)stream;
   cpu_saved sv = cpu_saved_view(ws, a->saved, a->tokens);
-  return cpu_schedule_build(ws, a->topk_ids, a->topk_weights, a->tokens, &sv);
+  mok_status s = cpu_schedule_build(ws, a->topk_ids, a->topk_weights, a->tokens, &sv);
+  if (s != MOK_OK) return s;
+  return close_direction(ws);
 }
 
 mok_status cpu_layer_forward(mok_workspace *ws, const mok_forward_args *a, int compute_y,
@@ -17,26 +40,31 @@ mok_status cpu_layer_forward(mok_workspace *ws, const mok_forward_args *a, int c
   cpu_state *st = cpu_state_of(ws);
   const int64_t T = a->tokens, H = ws->shape.hidden;
   cpu_saved sv = cpu_saved_view(ws, a->saved, T);
+  publish(ws, T, a->x, NULL);
   mok_status s = cpu_schedule_build(ws, a->topk_ids, a->topk_weights, T, &sv);
   if (s != MOK_OK) return s;
+  cpu_dispatch(ws, &sv, 0);
   cpu_bf16_to_f32(ws, st->xf, a->x, T * H);
   cpu_expert_forward(ws, &a->w, &sv, compute_y);
   cpu_shared_forward(ws, &a->w, &sv, T, compute_y);
+  s = close_direction(ws);
+  if (s != MOK_OK) return s;
   if (compute_y) cpu_combine(ws, T, ws->shape.shared_inter > 0, a->y);
   return MOK_OK;
 }
 
 /* Backward reads the schedule the forward left; one that failed left a non-zero status word. */
-static mok_status refuse_failed_forward(mok_workspace *ws, int32_t bits) {
+static mok_status refuse_failed_forward(mok_workspace *ws, int32_t own, int32_t bits) {
   cpu_state_of(ws)->sticky |= bits;
   mok_status s = (bits & MOK_DEVERR_EXPERT_ID) ? MOK_ERR_EXPERT_ID
                  : (bits & MOK_DEVERR_CAPACITY) ? MOK_ERR_CAPACITY
                  : (bits & MOK_DEVERR_TIMEOUT) ? MOK_ERR_TIMEOUT
                                                : MOK_ERR_INTERNAL;
   return mok_fail(s,
-                  "saved holds a forward that failed (status word 0x%x: %s); backward left its "
+                  "saved holds a forward that failed (status word 0x%x%s: %s); backward left its "
                   "outputs untouched",
-                  (unsigned)bits, mok_status_string(s));
+                  (unsigned)bits, own ? "" : " on another rank of the EP group",
+                  mok_status_string(s));
 }
 
 mok_status cpu_layer_backward(mok_workspace *ws, const mok_backward_args *a, void *stream) {
@@ -44,12 +72,20 @@ mok_status cpu_layer_backward(mok_workspace *ws, const mok_backward_args *a, voi
   cpu_state *st = cpu_state_of(ws);
   const int64_t T = a->tokens, H = ws->shape.hidden;
   cpu_saved sv = cpu_saved_view(ws, a->saved, T);
-  if (sv.status[0] != 0) return refuse_failed_forward(ws, sv.status[0]);
+  publish(ws, T, a->x, a->dy);
+  int32_t bits = sv.status[0];
+  mok_status s = mok_group_barrier(ws->ctx->cfg.group, &bits);
+  if (s != MOK_OK) return s;
+  if (bits) return refuse_failed_forward(ws, sv.status[0], bits);
+  cpu_dispatch(ws, &sv, 1);
   cpu_bf16_to_f32(ws, st->xf, a->x, T * H);
   cpu_bf16_to_f32(ws, st->dyf, a->dy, T * H);
-  cpu_expert_backward(ws, &a->w, &sv, a->d_topk_weights);
+  cpu_expert_backward(ws, &a->w, &sv);
   cpu_shared_backward(ws, &a->w, &sv, T);
-  cpu_combine(ws, T, ws->shape.shared_inter > 0, a->dx);
+  s = close_direction(ws);
+  if (s != MOK_OK) return s;
   cpu_weight_grads(ws, &sv, T, &a->g, a->grad_mode);
+  cpu_combine(ws, T, ws->shape.shared_inter > 0, a->dx);
+  memcpy(a->d_topk_weights, st->sym_dtw, (size_t)(T * ws->shape.top_k) * sizeof(float));
   return MOK_OK;
 }

@@ -1,11 +1,15 @@
 /*
- * schedule.c: step 1 of the dataflow. From topk_ids, the list of routed rows of each local
- * expert in canonical order (source rank, token, slot; one source rank while ep = 1), each
- * expert's segment padded to MOK_TILE_M rows, written into the caller's `saved` buffer.
+ * schedule.c: step 1 of the dataflow. From the topk_ids of every rank of the EP group (each rank
+ * publishes its own; one rank while ep = 1), the list of routed rows of each local expert in
+ * canonical order (source rank, token, slot), each expert's segment padded to MOK_TILE_M rows,
+ * written into the caller's `saved` buffer.
  *
- * Every id is checked before anything but the status word is written, so a bad id leaves the
- * rest of `saved` (and every output of the call) as it was.
+ * Two barriers of the group: after publishing (every id checked, by its own rank) and after the
+ * counts (every rank within its capacity). An error anywhere stops every rank there, before
+ * anything but saved's status word is written, so every output of the call stays as it was.
  */
+#include <string.h>
+
 #include "cpu/cpu.h"
 
 /* First slot whose id is outside [0, E), or -1. */
@@ -15,54 +19,98 @@ static int64_t first_bad_id(const int32_t *ids, int64_t slots, int32_t experts) 
   return -1;
 }
 
-/* A device-side error: the call's status word and the workspace's sticky bits (mok_check). */
-static void set_error(mok_workspace *ws, const cpu_saved *sv, int32_t bit) {
-  sv->status[0] |= bit;
-  cpu_state_of(ws)->sticky |= bit;
+/* A device-side error of the call: its status word and the workspace's sticky bits. */
+static void set_error(mok_workspace *ws, const cpu_saved *sv, int32_t bits) {
+  sv->status[0] |= bits;
+  cpu_state_of(ws)->sticky |= bits;
 }
 
-mok_status cpu_schedule_build(mok_workspace *ws, const int32_t *ids, const float *weights,
-                              int64_t tokens, const cpu_saved *sv) {
-  const int64_t k = ws->shape.top_k, slots = tokens * k;
-  const int64_t El = ws->experts_local, base = ws->expert_base;
-  for (int i = 0; i < 4; i++) sv->status[i] = 0;
+/* After the first barrier: every rank's workspace has this rank's shape. */
+static int shapes_differ(const mok_workspace *ws) {
+  const mok_ep_group *g = ws->ctx->cfg.group;
+  for (int r = 0; g && r < g->size; r++)
+    if (memcmp(&g->ws[r]->shape, &ws->shape, sizeof ws->shape) != 0) return 1;
+  return 0;
+}
 
-  int64_t bad = first_bad_id(ids, slots, ws->shape.experts);
-  if (bad >= 0) {
-    set_error(ws, sv, MOK_DEVERR_EXPERT_ID);
+/* Publishes ids and weights, checks them, meets the group. */
+static mok_status publish_and_check(mok_workspace *ws, const int32_t *ids, const float *weights,
+                                    int64_t tokens, const cpu_saved *sv) {
+  cpu_state *st = cpu_state_of(ws);
+  const int64_t k = ws->shape.top_k, slots = tokens * k;
+  st->sym_tokens = tokens;
+  memcpy(st->sym_ids, ids, (size_t)slots * sizeof *ids);
+  memcpy(st->sym_w, weights, (size_t)slots * sizeof *weights);
+  const int64_t bad = first_bad_id(ids, slots, ws->shape.experts);
+  int32_t bits = bad >= 0 ? MOK_DEVERR_EXPERT_ID : 0;
+  mok_status s = mok_group_barrier(ws->ctx->cfg.group, &bits);
+  if (s != MOK_OK) return s;
+  if (shapes_differ(ws))
+    return mok_fail(MOK_ERR_INVALID_ARG, "the workspaces of the EP group's ranks have different "
+                                         "shapes; expected one shape for every rank");
+  if (!bits) return MOK_OK;
+  set_error(ws, sv, bits);
+  if (bad >= 0)
     return mok_fail(MOK_ERR_EXPERT_ID,
                     "topk_ids[%lld] (token %lld, slot %lld) is %d; expected 0..%d (E = %d); "
                     "the call left its outputs untouched",
                     (long long)bad, (long long)(bad / k), (long long)(bad % k), ids[bad],
                     ws->shape.experts - 1, ws->shape.experts);
-  }
+  return mok_fail(MOK_ERR_EXPERT_ID,
+                  "another rank of the EP group passed an expert id outside 0..%d; the call left "
+                  "its outputs untouched on every rank", ws->shape.experts - 1);
+}
 
-  /* Counts, then padded offsets. Ids of other ranks' experts (ep > 1) are not routed here. */
+mok_status cpu_schedule_build(mok_workspace *ws, const int32_t *ids, const float *weights,
+                              int64_t tokens, const cpu_saved *sv) {
+  const int64_t k = ws->shape.top_k, El = ws->experts_local, base = ws->expert_base;
+  const int64_t ranks = ws->ctx->cfg.ep_size, slots_cap = ws->shape.max_tokens * k;
+  for (int i = 0; i < 4; i++) sv->status[i] = 0;
+  mok_status s = publish_and_check(ws, ids, weights, tokens, sv);
+  if (s != MOK_OK) return s;
+
+  /* Counts, then padded offsets. Ids of other ranks' experts are not routed here. */
   int32_t *counts = sv->counts, *offsets = sv->offsets;
   for (int64_t e = 0; e < El; e++) counts[e] = 0;
-  for (int64_t s = 0; s < slots; s++) {
-    int64_t e = ids[s] - base;
-    if (e >= 0 && e < El) counts[e]++;
+  for (int64_t src = 0; src < ranks; src++) {
+    const cpu_state *p = cpu_peer(ws, src);
+    for (int64_t q = 0; q < p->sym_tokens * k; q++) {
+      int64_t e = p->sym_ids[q] - base;
+      if (e >= 0 && e < El) counts[e]++;
+    }
   }
+  int64_t rows = 0;
+  for (int64_t e = 0; e < El; e++) rows += counts[e];
   offsets[0] = 0;
   for (int64_t e = 0; e < El; e++)
     offsets[e + 1] = offsets[e] + (int32_t)mok_round_up(counts[e], MOK_TILE_M);
   const int64_t total = offsets[El];
-  if (total > sv->rows_cap) { /* cannot happen at ep = 1: rows_cap is the worst case */
-    set_error(ws, sv, MOK_DEVERR_CAPACITY);
-    return mok_fail(MOK_ERR_CAPACITY, "schedule needs %lld rows; saved holds %lld",
-                    (long long)total, (long long)sv->rows_cap);
+  int32_t bits = total > sv->rows_cap ? MOK_DEVERR_CAPACITY : 0;
+  s = mok_group_barrier(ws->ctx->cfg.group, &bits);
+  if (s != MOK_OK) return s;
+  if (bits) {
+    set_error(ws, sv, bits);
+    if (total > sv->rows_cap)
+      return mok_fail(MOK_ERR_CAPACITY,
+                      "%lld routed rows (%lld with padding) came to this rank's experts; the "
+                      "workspace holds %lld (shape.routed_rows); outputs untouched",
+                      (long long)rows, (long long)total, (long long)sv->rows_cap);
+    return mok_fail(MOK_ERR_CAPACITY, "another rank of the EP group received more routed rows "
+                                      "than its workspace holds; outputs untouched");
   }
 
-  /* Rows in canonical order: one pass over slots in ascending t*k + j. */
+  /* Rows in canonical order: source ranks ascending, each one's slots in ascending t*k + j. */
   int32_t *cursor = cpu_state_of(ws)->cursor;
   for (int64_t e = 0; e < El; e++) cursor[e] = offsets[e];
-  for (int64_t s = 0; s < slots; s++) {
-    int64_t e = ids[s] - base;
-    if (e < 0 || e >= El) continue;
-    int32_t r = cursor[e]++;
-    sv->row_src[r] = (int32_t)s;
-    sv->row_weight[r] = weights[s];
+  for (int64_t src = 0; src < ranks; src++) {
+    const cpu_state *p = cpu_peer(ws, src);
+    for (int64_t q = 0; q < p->sym_tokens * k; q++) {
+      int64_t e = p->sym_ids[q] - base;
+      if (e < 0 || e >= El) continue;
+      int32_t r = cursor[e]++;
+      sv->row_src[r] = (int32_t)(src * slots_cap + q);
+      sv->row_weight[r] = p->sym_w[q];
+    }
   }
   for (int64_t e = 0; e < El; e++)
     for (int64_t r = offsets[e] + counts[e]; r < offsets[e + 1]; r++) {

@@ -11,19 +11,15 @@
 #include "cpu/cpu.h"
 #include "cpu/kernels.h"
 
-/* The rows one gradient row sums over: n rows; row q's scalar is a[q * a_stride] when a_tok is
- * NULL, else a[tok(q) * a_stride]; its vector is b + q * b_stride, or b + tok(q) * b_stride when
- * b_tok is set. tok(q) = src[q] / div: a routed row's token (div = k), from its slot id. */
+/* The rows one gradient row sums over, in order: row q's scalar is a[q * a_stride], its vector
+ * b + q * b_stride (routed rows: the expert's segment of the dispatched buffers; shared expert:
+ * this rank's tokens). */
 typedef struct row_set {
   int64_t n;
-  const int32_t *src;
-  int64_t div;
   const float *a;
   int64_t a_stride;
-  int a_tok;
   const float *b;
   int64_t b_stride;
-  int b_tok;
 } row_set;
 
 static void sum_rows(float *acc, const row_set *rs, int64_t len) {
@@ -34,9 +30,8 @@ static void sum_rows(float *acc, const row_set *rs, int64_t len) {
     float a[4];
     const float *b[4];
     for (int64_t p = 0; p < m; p++) {
-      const int64_t tok = rs->src ? rs->src[q + p] / rs->div : q + p;
-      a[p] = rs->a[(rs->a_tok ? tok : q + p) * rs->a_stride];
-      b[p] = rs->b + (rs->b_tok ? tok : q + p) * rs->b_stride;
+      a[p] = rs->a[(q + p) * rs->a_stride];
+      b[p] = rs->b + (q + p) * rs->b_stride;
     }
     if (m == 4) {
       cpu_axpy4(acc, a, b[0], b[1], b[2], b[3], len);
@@ -57,22 +52,20 @@ static void store(void *dw, int64_t at, const float *acc, int64_t len, mok_grad_
 }
 
 /* The three gradients of one expert (routed, or the shared one) have H + 2 I output rows; row q
- * < H is of dW_down, then I rows of dW_gate, then I of dW_up. `rows` gives the expert's rows with
- * a and b left unset. */
-static void grad_row(int64_t q, row_set rows, int64_t H, int64_t I, const float *dy,
+ * < H is of dW_down, then I rows of dW_gate, then I of dW_up. The expert's n rows: dy, x [n, H],
+ * hw [n, I], dgu [n, 2I]. */
+static void grad_row(int64_t q, int64_t n, int64_t H, int64_t I, const float *dy,
                      const float *x, const float *hw, const float *dgu, void *dw_gate,
                      void *dw_up, void *dw_down, int64_t e, mok_grad_mode mode, float *acc) {
   if (q < H) {
-    rows.a = dy + q, rows.a_stride = H, rows.a_tok = 1;
-    rows.b = hw, rows.b_stride = I, rows.b_tok = 0;
+    row_set rows = {n, dy + q, H, hw, I};
     sum_rows(acc, &rows, I);
     store(dw_down, (e * H + q) * I, acc, I, mode);
     return;
   }
   const int64_t i = (q - H) % I;
   const int up = q - H >= I;
-  rows.a = dgu + (up ? I : 0) + i, rows.a_stride = 2 * I, rows.a_tok = 0;
-  rows.b = x, rows.b_stride = H, rows.b_tok = 1;
+  row_set rows = {n, dgu + (up ? I : 0) + i, 2 * I, x, H};
   sum_rows(acc, &rows, H);
   store(up ? dw_up : dw_gate, (e * I + i) * H, acc, H, mode);
 }
@@ -81,7 +74,7 @@ void cpu_weight_grads(mok_workspace *ws, const cpu_saved *sv, int64_t tokens,
                       const mok_grads *g, mok_grad_mode mode) {
   const cpu_state *st = cpu_state_of(ws);
   const int64_t H = ws->shape.hidden, I = ws->shape.inter, Is = ws->shape.shared_inter;
-  const int64_t k = ws->shape.top_k, El = ws->experts_local;
+  const int64_t El = ws->experts_local;
   const int64_t per_expert = H + 2 * I, shared_rows = Is ? H + 2 * Is : 0;
 
   #pragma omp parallel num_threads(st->threads)
@@ -93,12 +86,11 @@ void cpu_weight_grads(mok_workspace *ws, const cpu_saved *sv, int64_t tokens,
     for (int64_t item = 0; item < El * per_expert + shared_rows; item++) {
       if (item < El * per_expert) {
         const int64_t e = item / per_expert, r0 = sv->offsets[e];
-        row_set rows = {sv->counts[e], sv->row_src + r0, k, NULL, 0, 0, NULL, 0, 0};
-        grad_row(item % per_expert, rows, H, I, st->dyf, st->xf, st->hwf + r0 * I,
-                 st->dguf + r0 * 2 * I, g->dw_gate, g->dw_up, g->dw_down, e, mode, acc);
+        grad_row(item % per_expert, sv->counts[e], H, I, st->dyr + r0 * H, st->xr + r0 * H,
+                 st->hwf + r0 * I, st->dguf + r0 * 2 * I, g->dw_gate, g->dw_up, g->dw_down, e,
+                 mode, acc);
       } else {
-        row_set rows = {tokens, NULL, 1, NULL, 0, 0, NULL, 0, 0};
-        grad_row(item - El * per_expert, rows, H, Is, st->dyf, st->xf, st->hsf, st->dgusf,
+        grad_row(item - El * per_expert, tokens, H, Is, st->dyf, st->xf, st->hsf, st->dgusf,
                  g->dws_gate, g->dws_up, g->dws_down, 0, mode, acc);
       }
     }

@@ -2,7 +2,8 @@
  * schedule.cu: builds the schedule on the GPU with no host round trip (DESIGN §2.1).
  *   count: each block histograms SCHED_CHUNK slots per local expert and validates ids;
  *   scan:  one block turns chunk histograms into per-chunk bases, counts, padded offsets,
- *          the expert of every 128-row block, and marks padding rows;
+ *          the expert of every 128-row block, and marks padding rows; or, over the capacity,
+ *          raises MOK_DEVERR_CAPACITY and writes nothing more;
  *   place: each slot's row = offsets[e] + chunk base + its rank among earlier slots of the
  *          chunk with the same expert, so every expert's rows come in slot order (t*k + j).
  * Only integer atomics whose result does not depend on their order (histogram counts, error
@@ -82,6 +83,13 @@ __global__ void __launch_bounds__(SCHED_THREADS) sched_scan(sched_args a, int ch
   }
   int total;
   int off = block_exclusive_scan(mine, &total);
+  if (total > a.rows_cap) { /* over the capacity (shape.routed_rows): every later kernel skips */
+    if (threadIdx.x == 0) {
+      atomicOr(a.status, MOK_DEVERR_CAPACITY);
+      atomicOr(a.sticky, MOK_DEVERR_CAPACITY);
+    }
+    return;
+  }
   for (int e = e0; e < e1; e++) {
     a.offsets[e] = off;
     off += (a.counts[e] + MOK_TILE_M - 1) / MOK_TILE_M * MOK_TILE_M;
@@ -107,6 +115,7 @@ __global__ void __launch_bounds__(SCHED_THREADS) sched_scan(sched_args a, int ch
 
 __global__ void __launch_bounds__(SCHED_THREADS) sched_place(sched_args a) {
   extern __shared__ int next_row[]; /* [E_local]: next free row of each expert in this chunk */
+  if (*a.status & MOK_DEVERR_CAPACITY) return; /* the offsets were not written */
   for (int e = threadIdx.x; e < a.experts_local; e += blockDim.x)
     next_row[e] = a.offsets[e] + a.chunk_counts[(size_t)blockIdx.x * a.experts_local + e];
   __syncthreads();

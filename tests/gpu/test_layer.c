@@ -383,6 +383,46 @@ static void bad_expert_id(void) {
   harness_fini(&poison);
 }
 
+/* Over the capacity (shape.routed_rows): the schedule raises MOK_ERR_CAPACITY, nothing past it
+ * runs, the outputs stay as they were; the same workspace then runs a call that fits. */
+static void capacity_overflow_untouched(void) {
+  mok_shape s = shape_of(200, 128, 128, 64, 8, 2);
+  s.routed_rows = 640;
+  harness h, out, poison;
+  if (harness_init(&h, &s, 200, 10, 0) && harness_init(&out, &s, 200, 10, 0) &&
+      harness_init(&poison, &s, 200, 10, 0)) {
+    harness_poison(&poison, 0xa5);
+    /* Random routing spreads 400 rows over the 8 experts, at least 6 of them non-empty: 768 or
+     * more rows with padding, against 640. */
+    gpu_layer d;
+    if (gpu_init(&d, &h, 200, 0)) {
+      gpu_poison(&d, 0xa5);
+      mok_forward_args f = gpu_forward_args(&d);
+      CHECK_OK(mok_forward(d.ws, &f, 0));
+      mok_status st = mok_check(d.ws, 0);
+      CHECK(st == MOK_ERR_CAPACITY, "forward over capacity: mok_check gave %s", mok_status_name(st));
+      mok_backward_args b = gpu_backward_args(&d, MOK_GRAD_WRITE_BF16);
+      CHECK_OK(mok_backward(d.ws, &b, 0));
+      st = mok_check(d.ws, 0);
+      CHECK(st == MOK_ERR_CAPACITY, "backward after overflow: mok_check gave %s",
+            mok_status_name(st));
+      gpu_fetch(&d, &out);
+      compare_bits("outputs untouched", &out, &poison, MOK_GRAD_WRITE_BF16);
+      /* Every token to experts 0 and 1: 2 x 200 rows, 512 with padding, fit. */
+      for (int t = 0; t < 200; t++) h.L.topk_ids[2 * t] = 0, h.L.topk_ids[2 * t + 1] = 1;
+      CUDA_CHECK(cudaMemcpy(d.ids, h.L.topk_ids, (size_t)(200 * 2) * 4, cudaMemcpyHostToDevice));
+      CHECK_OK(gpu_run(&d, MOK_GRAD_WRITE_BF16, 0));
+      CHECK_OK(mok_check(d.ws, 0));
+      gpu_fetch(&d, &out);
+      CHECK(nan_count_bf16(out.y, 200 * 128) == 0, "a call that fits left y unwritten");
+    }
+    gpu_fini(&d);
+  }
+  harness_fini(&h);
+  harness_fini(&out);
+  harness_fini(&poison);
+}
+
 /* Host pointers are refused before any work is queued. */
 static void host_pointer_refused(void) {
   mok_shape s = shape_of(64, 64, 64, 0, 2, 1);
@@ -477,6 +517,7 @@ const test_case tests_gpu_layer[] = {
     {"gpu/repeat_D1_and_knobs_D2", repeat_and_knobs},
     {"gpu/batch_subsets_D3", batch_subsets},
     {"gpu/bad_expert_id_untouched", bad_expert_id},
+    {"gpu/capacity_overflow_untouched", capacity_overflow_untouched},
     {"gpu/host_pointer_refused", host_pointer_refused},
     {"gpu/recompute_matches_forward", recompute_matches_forward},
     {"gpu/graph_capture_replay", graph_replay},

@@ -1,0 +1,120 @@
+/*
+ * group.c: the expert-parallel group of emulated ranks: its peer table and the barrier that opens
+ * and closes each direction of a call (DESIGN §2). The barrier also carries every rank's error
+ * bits, so that when one rank finds a bad id or overflows its capacity all of them leave their
+ * outputs untouched, and it gives up after the group's timeout instead of hanging.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <time.h>
+
+#include "internal.h"
+
+typedef struct group_sync {
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  int arrived;        /* ranks waiting at the current barrier */
+  unsigned long gen;  /* barriers completed */
+  int32_t bits;       /* OR of the error bits of the ranks arrived so far */
+  int32_t result;     /* the OR of the last completed barrier */
+} group_sync;
+
+mok_status mok_ep_group_create_emulated(int ranks, int timeout_ms, mok_ep_group **out) {
+  if (!out) return mok_fail(MOK_ERR_INVALID_ARG, "out is NULL; expected a place for the group");
+  *out = NULL;
+  if (ranks < 1 || ranks > MOK_EP_MAX)
+    return mok_fail(MOK_ERR_INVALID_ARG, "ranks is %d; expected 1..%d", ranks, MOK_EP_MAX);
+  if (timeout_ms < 0)
+    return mok_fail(MOK_ERR_INVALID_ARG, "timeout_ms is %d; expected >= 0 (0 = 10 s)", timeout_ms);
+  mok_ep_group *g = calloc(1, sizeof *g);
+  group_sync *y = calloc(1, sizeof *y);
+  if (!g || !y) {
+    free(g);
+    free(y);
+    return mok_fail(MOK_ERR_OUT_OF_MEMORY, "no host memory for an EP group");
+  }
+  pthread_mutex_init(&y->mu, NULL);
+  pthread_condattr_t ca;
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  pthread_cond_init(&y->cv, &ca);
+  pthread_condattr_destroy(&ca);
+  g->size = ranks;
+  g->timeout_ms = timeout_ms ? timeout_ms : 10000;
+  g->sync = y;
+  *out = g;
+  mok_clear_error();
+  return MOK_OK;
+}
+
+void mok_ep_group_destroy(mok_ep_group *g) {
+  if (!g) return;
+  group_sync *y = g->sync;
+  pthread_mutex_destroy(&y->mu);
+  pthread_cond_destroy(&y->cv);
+  free(y);
+  free(g);
+}
+
+mok_status mok_group_join(mok_ep_group *g, int rank, mok_workspace *ws) {
+  if (!g) return MOK_OK;
+  group_sync *y = g->sync;
+  pthread_mutex_lock(&y->mu);
+  mok_workspace *other = g->ws[rank];
+  if (!other) g->ws[rank] = ws;
+  pthread_mutex_unlock(&y->mu);
+  if (other)
+    return mok_fail(MOK_ERR_INVALID_ARG,
+                    "rank %d of the EP group already has a workspace; one per rank and group",
+                    rank);
+  return MOK_OK;
+}
+
+void mok_group_leave(mok_ep_group *g, int rank, mok_workspace *ws) {
+  if (!g) return;
+  group_sync *y = g->sync;
+  pthread_mutex_lock(&y->mu);
+  if (g->ws[rank] == ws) g->ws[rank] = NULL;
+  pthread_mutex_unlock(&y->mu);
+}
+
+mok_status mok_group_barrier(mok_ep_group *g, int32_t *bits) {
+  if (!g) return MOK_OK;
+  group_sync *y = g->sync;
+  struct timespec until;
+  clock_gettime(CLOCK_MONOTONIC, &until);
+  until.tv_sec += g->timeout_ms / 1000;
+  until.tv_nsec += (long)(g->timeout_ms % 1000) * 1000000L;
+  if (until.tv_nsec >= 1000000000L) until.tv_sec++, until.tv_nsec -= 1000000000L;
+
+  pthread_mutex_lock(&y->mu);
+  int timed_out = g->broken;
+  if (!timed_out) {
+    y->bits |= *bits;
+    if (++y->arrived == g->size) { /* the last to arrive opens it for everyone */
+      y->result = y->bits;
+      y->bits = 0;
+      y->arrived = 0;
+      y->gen++;
+      pthread_cond_broadcast(&y->cv);
+    } else {
+      const unsigned long gen = y->gen;
+      while (y->gen == gen && !g->broken) {
+        if (pthread_cond_timedwait(&y->cv, &y->mu, &until) == ETIMEDOUT && y->gen == gen) {
+          g->broken = 1; /* the missing rank may never come: nobody waits for it again */
+          pthread_cond_broadcast(&y->cv);
+        }
+      }
+      timed_out = y->gen == gen;
+    }
+    *bits = y->result;
+  }
+  pthread_mutex_unlock(&y->mu);
+  if (timed_out)
+    return mok_fail(MOK_ERR_TIMEOUT,
+                    "a rank of the EP group did not arrive within %d ms (or an earlier call "
+                    "timed out and left the group failed); outputs untouched",
+                    g->timeout_ms);
+  return MOK_OK;
+}

@@ -1,0 +1,274 @@
+/*
+ * test_ep.c: expert parallelism with emulated ranks on the CPU backend (DESIGN §2, §3).
+ * Each rank has its own context and workspace and runs forward and backward from its own thread,
+ * as a process per GPU would; the group's barriers and peer table join them.
+ *   D4: a global batch split over ep = 1, 2, 4 and 8 ranks gives, on every rank, y, dx,
+ *       d_topk_weights and the routed weight gradients of its experts with the bits of one rank
+ *       running the whole batch (the shared expert's weight gradients are each rank's own partial
+ *       sums, reduced by the caller's data parallelism, so they are not compared).
+ *   A rank that never arrives: the others fail with MOK_ERR_TIMEOUT, outputs untouched, and the
+ *   group stays failed. A bad expert id on one rank, or one rank over its capacity, fails every
+ *   rank with that error and leaves every output untouched.
+ */
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "check.h"
+#include "harness.h"
+
+#define POISON 0x5a
+
+typedef struct rank_run {
+  mok_context *ctx;
+  mok_workspace *ws;
+  mok_forward_args f;
+  mok_backward_args b;
+  int64_t y_bytes, dtw_bytes, g_bytes[G_COUNT];
+  int absent;              /* never calls (the timeout test) */
+  int backward;            /* also run backward */
+  mok_status fwd, bwd;
+} rank_run;
+
+typedef struct ep_setup {
+  int ep;
+  mok_ep_group *group;
+  rank_run run[8];
+} ep_setup;
+
+static int64_t first_diff(const void *a, const void *b, int64_t bytes) {
+  const unsigned char *p = a, *q = b;
+  for (int64_t i = 0; i < bytes; i++)
+    if (p[i] != q[i]) return i;
+  return -1;
+}
+
+static int untouched(const void *p, int64_t bytes) {
+  const unsigned char *c = p;
+  for (int64_t i = 0; i < bytes; i++)
+    if (c[i] != POISON) return 0;
+  return 1;
+}
+
+/* Rank r of `ep` takes tokens [r T/ep, (r+1) T/ep) of L and experts [r E/ep, (r+1) E/ep). */
+static int setup(ep_setup *s, const mok_host_layer *L, int ep, int64_t routed_rows,
+                 int timeout_ms) {
+  memset(s, 0, sizeof *s);
+  s->ep = ep;
+  CHECK_OK(mok_ep_group_create_emulated(ep, timeout_ms, &s->group));
+  if (!s->group) return 0;
+  const mok_shape *gs = &L->shape;
+  const int64_t Tr = L->tokens / ep, H = gs->hidden, I = gs->inter, Is = gs->shared_inter;
+  const int64_t El = gs->experts / ep, k = gs->top_k;
+  for (int r = 0; r < ep; r++) {
+    rank_run *u = &s->run[r];
+    mok_context_config cfg = MOK_CONTEXT_CONFIG_INIT;
+    cfg.ep_rank = r, cfg.ep_size = ep, cfg.group = s->group, cfg.threads = 1;
+    CHECK_OK(mok_context_create(&cfg, &u->ctx));
+    mok_shape shape = *gs;
+    shape.max_tokens = Tr;
+    shape.routed_rows = routed_rows;
+    if (u->ctx) CHECK_OK(mok_workspace_create(u->ctx, &shape, &u->ws));
+    if (!u->ws) return 0;
+    mok_weights w = mok_host_layer_weights(L);
+    w.w_gate = L->w_gate + r * El * I * H;
+    w.w_up = L->w_up + r * El * I * H;
+    w.w_down = L->w_down + r * El * H * I;
+    u->y_bytes = Tr * H * 2, u->dtw_bytes = Tr * k * 4;
+    const int64_t g_len[G_COUNT] = {El * I * H, El * I * H, El * H * I, Is * H, Is * H, H * Is};
+    for (int g = 0; g < G_COUNT; g++) u->g_bytes[g] = g_len[g] * 2;
+    u->f = (mok_forward_args){Tr, L->x + r * Tr * H, L->topk_ids + r * Tr * k,
+                              L->topk_weights + r * Tr * k, w, test_alloc((size_t)u->y_bytes),
+                              test_alloc(mok_saved_bytes(u->ws, Tr))};
+    mok_grads gr = {0};
+    void **gp[G_COUNT] = {&gr.dw_gate, &gr.dw_up, &gr.dw_down, &gr.dws_gate, &gr.dws_up,
+                          &gr.dws_down};
+    for (int g = 0; g < G_COUNT; g++)
+      if (g_len[g]) *gp[g] = test_alloc((size_t)u->g_bytes[g]);
+    u->b = (mok_backward_args){Tr, u->f.x, u->f.topk_ids, u->f.topk_weights, w, u->f.saved,
+                               L->dy + r * Tr * H, test_alloc((size_t)u->y_bytes),
+                               test_alloc((size_t)u->dtw_bytes), gr, MOK_GRAD_WRITE_BF16};
+    memset(u->f.y, POISON, (size_t)u->y_bytes);
+    memset(u->b.dx, POISON, (size_t)u->y_bytes);
+    memset(u->b.d_topk_weights, POISON, (size_t)u->dtw_bytes);
+    for (int g = 0; g < G_COUNT; g++)
+      if (g_len[g]) memset(*gp[g], POISON, (size_t)u->g_bytes[g]);
+  }
+  return 1;
+}
+
+static void teardown(ep_setup *s) {
+  for (int r = 0; r < s->ep; r++) {
+    rank_run *u = &s->run[r];
+    free(u->f.y), free(u->f.saved), free(u->b.dx), free(u->b.d_topk_weights);
+    free(u->b.g.dw_gate), free(u->b.g.dw_up), free(u->b.g.dw_down);
+    free(u->b.g.dws_gate), free(u->b.g.dws_up), free(u->b.g.dws_down);
+    mok_workspace_destroy(u->ws);
+    mok_context_destroy(u->ctx);
+  }
+  mok_ep_group_destroy(s->group);
+}
+
+static void *rank_main(void *p) {
+  rank_run *u = p;
+  u->fwd = mok_forward(u->ws, &u->f, NULL);
+  if (u->backward) u->bwd = mok_backward(u->ws, &u->b, NULL);
+  return NULL;
+}
+
+/* Every rank that is not absent runs at once, each on its own thread. */
+static void run_all(ep_setup *s, int backward) {
+  pthread_t th[8];
+  for (int r = 0; r < s->ep; r++) {
+    s->run[r].backward = backward;
+    if (!s->run[r].absent) pthread_create(&th[r], NULL, rank_main, &s->run[r]);
+  }
+  for (int r = 0; r < s->ep; r++)
+    if (!s->run[r].absent) pthread_join(th[r], NULL);
+}
+
+/* The global batch: 96 tokens, 8 experts, top-2, a shared expert. */
+static const mok_shape global_shape = {96, 64, 32, 32, 8, 2, MOK_BF16, 0};
+
+static void d4_across_ep(void) {
+  harness ref;
+  if (!harness_init(&ref, &global_shape, global_shape.max_tokens, 11, 1)) return;
+  CHECK_OK(harness_run(&ref, MOK_GRAD_WRITE_BF16));
+  const int64_t H = global_shape.hidden, I = global_shape.inter, k = global_shape.top_k;
+  const int eps[] = {1, 2, 4, 8};
+  for (size_t n = 0; n < sizeof eps / sizeof eps[0]; n++) {
+    const int ep = eps[n];
+    ep_setup s;
+    if (setup(&s, &ref.L, ep, 0, 0)) {
+      run_all(&s, 1);
+      const int64_t Tr = ref.T / ep, El = global_shape.experts / ep;
+      for (int r = 0; r < ep; r++) {
+        const rank_run *u = &s.run[r];
+        CHECK(u->fwd == MOK_OK && u->bwd == MOK_OK, "ep %d rank %d: forward %s, backward %s (%s)",
+              ep, r, mok_status_name(u->fwd), mok_status_name(u->bwd), mok_last_error());
+        const struct {
+          const char *name;
+          const void *got, *want;
+          int64_t bytes;
+        } c[] = {
+            {"y", u->f.y, ref.y + r * Tr * H, Tr * H * 2},
+            {"dx", u->b.dx, ref.dx + r * Tr * H, Tr * H * 2},
+            {"d_topk_weights", u->b.d_topk_weights, ref.dtw + r * Tr * k, Tr * k * 4},
+            {"dw_gate", u->b.g.dw_gate, (uint16_t *)ref.g[G_GATE] + r * El * I * H, El * I * H * 2},
+            {"dw_up", u->b.g.dw_up, (uint16_t *)ref.g[G_UP] + r * El * I * H, El * I * H * 2},
+            {"dw_down", u->b.g.dw_down, (uint16_t *)ref.g[G_DOWN] + r * El * H * I, El * H * I * 2},
+        };
+        for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
+          int64_t at = first_diff(c[i].got, c[i].want, c[i].bytes);
+          CHECK(at < 0, "ep %d rank %d: %s differs from ep = 1 first at byte %lld", ep, r,
+                c[i].name, (long long)at);
+        }
+        CHECK(!untouched(u->b.g.dws_gate, u->g_bytes[GS_GATE]), "ep %d rank %d: dws_gate unwritten",
+              ep, r);
+      }
+    }
+    teardown(&s);
+  }
+  harness_fini(&ref);
+}
+
+static double now_s(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+static void absent_rank_times_out(void) {
+  mok_host_layer L;
+  if (mok_host_layer_create(&global_shape, global_shape.max_tokens, 12, &L) != MOK_OK) return;
+  ep_setup s;
+  if (setup(&s, &L, 4, 0, 200)) {
+    s.run[2].absent = 1;
+    const double t0 = now_s();
+    run_all(&s, 0);
+    const double took = now_s() - t0;
+    for (int r = 0; r < 4; r++) {
+      if (r == 2) continue;
+      CHECK(s.run[r].fwd == MOK_ERR_TIMEOUT, "rank %d: forward %s, expected MOK_ERR_TIMEOUT", r,
+            mok_status_name(s.run[r].fwd));
+      CHECK(untouched(s.run[r].f.y, s.run[r].y_bytes), "rank %d: y written after a timeout", r);
+    }
+    CHECK(took > 0.15 && took < 5.0, "the timeout took %.3f s; expected about 0.2 s", took);
+    /* The late rank now finds the group failed at once, and so does everyone's next call. */
+    const double t1 = now_s();
+    s.run[2].fwd = mok_forward(s.run[2].ws, &s.run[2].f, NULL);
+    CHECK(s.run[2].fwd == MOK_ERR_TIMEOUT, "late rank: %s", mok_status_name(s.run[2].fwd));
+    CHECK(now_s() - t1 < 0.1, "a failed group still waited %.3f s", now_s() - t1);
+    CHECK(untouched(s.run[2].f.y, s.run[2].y_bytes), "late rank: y written");
+  }
+  teardown(&s);
+  mok_host_layer_destroy(&L);
+}
+
+/* Every rank's outputs still hold the poison, and `want` was every rank's status. */
+static void all_failed_untouched(const ep_setup *s, mok_status want, const char *what) {
+  for (int r = 0; r < s->ep; r++) {
+    const rank_run *u = &s->run[r];
+    CHECK(u->fwd == want, "%s: rank %d forward %s, expected %s", what, r, mok_status_name(u->fwd),
+          mok_status_name(want));
+    CHECK(u->bwd == want, "%s: rank %d backward %s, expected %s", what, r,
+          mok_status_name(u->bwd), mok_status_name(want));
+    CHECK(untouched(u->f.y, u->y_bytes) && untouched(u->b.dx, u->y_bytes) &&
+              untouched(u->b.d_topk_weights, u->dtw_bytes),
+          "%s: rank %d wrote an output", what, r);
+    const void *grads[G_COUNT] = {u->b.g.dw_gate,  u->b.g.dw_up,  u->b.g.dw_down,
+                                  u->b.g.dws_gate, u->b.g.dws_up, u->b.g.dws_down};
+    for (int g = 0; g < G_COUNT; g++)
+      CHECK(!grads[g] || untouched(grads[g], u->g_bytes[g]), "%s: rank %d wrote gradient %d",
+            what, r, g);
+  }
+}
+
+static void bad_id_on_one_rank(void) {
+  mok_host_layer L;
+  if (mok_host_layer_create(&global_shape, global_shape.max_tokens, 13, &L) != MOK_OK) return;
+  L.topk_ids[3 * 24 + 5] = global_shape.experts; /* rank 3's token 2, slot 1 */
+  ep_setup s;
+  if (setup(&s, &L, 4, 0, 0)) {
+    run_all(&s, 1);
+    all_failed_untouched(&s, MOK_ERR_EXPERT_ID, "bad id on rank 3");
+    for (int r = 0; r < 4; r++)
+      CHECK(mok_check(s.run[r].ws, NULL) == MOK_ERR_EXPERT_ID, "rank %d: mok_check", r);
+  }
+  teardown(&s);
+  mok_host_layer_destroy(&L);
+}
+
+static void capacity_overflow(void) {
+  mok_host_layer L;
+  if (mok_host_layer_create(&global_shape, global_shape.max_tokens, 14, &L) != MOK_OK) return;
+  /* Every token of every rank picks experts 0 and 1, both on rank 0: 2 x 96 rows there, 256
+   * with padding, against a capacity of 128. */
+  for (int64_t t = 0; t < L.tokens; t++) L.topk_ids[2 * t] = 0, L.topk_ids[2 * t + 1] = 1;
+  ep_setup s;
+  if (setup(&s, &L, 4, 128, 0)) {
+    run_all(&s, 1);
+    all_failed_untouched(&s, MOK_ERR_CAPACITY, "rank 0 over capacity");
+    for (int r = 0; r < 4; r++)
+      CHECK(mok_check(s.run[r].ws, NULL) == MOK_ERR_CAPACITY, "rank %d: mok_check", r);
+  }
+  teardown(&s);
+  /* The same routing fits in a capacity of 256. */
+  if (setup(&s, &L, 4, 256, 0)) {
+    run_all(&s, 1);
+    for (int r = 0; r < 4; r++)
+      CHECK(s.run[r].fwd == MOK_OK && s.run[r].bwd == MOK_OK, "rank %d: %s / %s", r,
+            mok_status_name(s.run[r].fwd), mok_status_name(s.run[r].bwd));
+  }
+  teardown(&s);
+  mok_host_layer_destroy(&L);
+}
+
+const test_case tests_ep[] = {
+    {"ep/D4_bits_across_ep_1_2_4_8", d4_across_ep},
+    {"ep/absent_rank_times_out", absent_rank_times_out},
+    {"ep/bad_id_on_one_rank_stops_all", bad_id_on_one_rank},
+    {"ep/capacity_overflow_stops_all", capacity_overflow},
+    {NULL, NULL},
+};
