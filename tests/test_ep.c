@@ -193,6 +193,8 @@ static void absent_rank_times_out(void) {
       CHECK(s.run[r].fwd == MOK_ERR_TIMEOUT, "rank %d: forward %s, expected MOK_ERR_TIMEOUT", r,
             mok_status_name(s.run[r].fwd));
       CHECK(untouched(s.run[r].f.y, s.run[r].y_bytes), "rank %d: y written after a timeout", r);
+      CHECK(mok_check(s.run[r].ws, NULL) == MOK_ERR_TIMEOUT, "rank %d: mok_check after a timeout",
+            r);
     }
     CHECK(took > 0.15 && took < 5.0, "the timeout took %.3f s; expected about 0.2 s", took);
     /* The late rank now finds the group failed at once, and so does everyone's next call. */

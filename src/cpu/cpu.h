@@ -68,6 +68,12 @@ static inline cpu_state *cpu_peer(const mok_workspace *ws, int64_t rank) {
   const mok_ep_group *g = ws->ctx->cfg.group;
   return g ? cpu_state_of(g->ws[rank]) : cpu_state_of(ws);
 }
+/* mok_group_barrier of ws's group; a timeout is also kept in the sticky bits for mok_check. */
+static inline mok_status cpu_barrier(mok_workspace *ws, int32_t *bits) {
+  mok_status s = mok_group_barrier(ws->ctx->cfg.group, bits);
+  if (s == MOK_ERR_TIMEOUT) cpu_state_of(ws)->sticky |= MOK_DEVERR_TIMEOUT;
+  return s;
+}
 /* A routed row's source: rank and slot t*k + j there (row_src = rank * max_tokens * k + slot). */
 static inline int64_t cpu_src_rank(const mok_workspace *ws, int32_t src) {
   return src / (ws->shape.max_tokens * ws->shape.top_k);

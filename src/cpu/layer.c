@@ -23,7 +23,7 @@ static void publish(mok_workspace *ws, int64_t tokens, const void *x, const void
  * this rank's published inputs any more. */
 static mok_status close_direction(mok_workspace *ws) {
   int32_t bits = 0;
-  return mok_group_barrier(ws->ctx->cfg.group, &bits);
+  return cpu_barrier(ws, &bits);
 }
 
 mok_status cpu_layer_schedule(mok_workspace *ws, const mok_forward_args *a, void *stream) {
@@ -74,7 +74,7 @@ mok_status cpu_layer_backward(mok_workspace *ws, const mok_backward_args *a, voi
   cpu_saved sv = cpu_saved_view(ws, a->saved, T);
   publish(ws, T, a->x, a->dy);
   int32_t bits = sv.status[0];
-  mok_status s = mok_group_barrier(ws->ctx->cfg.group, &bits);
+  mok_status s = cpu_barrier(ws, &bits);
   if (s != MOK_OK) return s;
   if (bits) return refuse_failed_forward(ws, sv.status[0], bits);
   cpu_dispatch(ws, &sv, 1);

@@ -43,7 +43,7 @@ static mok_status publish_and_check(mok_workspace *ws, const int32_t *ids, const
   memcpy(st->sym_w, weights, (size_t)slots * sizeof *weights);
   const int64_t bad = first_bad_id(ids, slots, ws->shape.experts);
   int32_t bits = bad >= 0 ? MOK_DEVERR_EXPERT_ID : 0;
-  mok_status s = mok_group_barrier(ws->ctx->cfg.group, &bits);
+  mok_status s = cpu_barrier(ws, &bits);
   if (s != MOK_OK) return s;
   if (shapes_differ(ws))
     return mok_fail(MOK_ERR_INVALID_ARG, "the workspaces of the EP group's ranks have different "
@@ -86,7 +86,7 @@ mok_status cpu_schedule_build(mok_workspace *ws, const int32_t *ids, const float
     offsets[e + 1] = offsets[e] + (int32_t)mok_round_up(counts[e], MOK_TILE_M);
   const int64_t total = offsets[El];
   int32_t bits = total > sv->rows_cap ? MOK_DEVERR_CAPACITY : 0;
-  s = mok_group_barrier(ws->ctx->cfg.group, &bits);
+  s = cpu_barrier(ws, &bits);
   if (s != MOK_OK) return s;
   if (bits) {
     set_error(ws, sv, bits);
