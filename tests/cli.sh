@@ -47,6 +47,13 @@ check cli/run_one_token 0 'T=1 .*run: PASS' -- \
 check cli/run_fails_below_tolerance 1 'dw_gate [^A-Z]* FAIL.*run: FAIL' -- \
   $mok run --shape dsv3 "${small[@]}" --tol 1e-12
 
+# Expert parallelism on emulated ranks: the same bits as one rank (D4).
+check cli/run_ep8_same_bits 0 'dw_down +identical.*run --ep 8: PASS' -- \
+  $mok run --shape dsv3 "${small[@]}" --ep 8 --grad-mode f32
+check cli/run_ep_uneven 2 "32 experts do not split over 3 ranks" -- \
+  $mok run --shape dsv3 "${small[@]}" --ep 3
+check cli/run_ep_cuda 2 "add --backend cpu" -- $mok run --shape dsv3 --ep 2
+
 # Determinism through the command: same seed, same digests, on 1 thread and on 2 (D1, D2);
 # another seed, other digests.
 digests $mok run --shape dsv3 "${small[@]}" --threads 1 --check-tokens 0 --check-rows 0 >"$tmp/a"

@@ -60,7 +60,7 @@ enum { FOR_RUN = 1, FOR_BENCH = 2, FOR_BOTH = 3 };
 typedef enum opt_id {
   OPT_SHAPE, OPT_SCALE, OPT_TOKENS, OPT_BACKEND, OPT_DEVICE, OPT_SEED, OPT_THREADS, OPT_SMS,
   OPT_GRAD_MODE,
-  OPT_CHECK_TOKENS, OPT_CHECK_ROWS, OPT_TOL, OPT_WARMUP, OPT_REPEAT, OPT_JSON
+  OPT_CHECK_TOKENS, OPT_CHECK_ROWS, OPT_TOL, OPT_WARMUP, OPT_REPEAT, OPT_JSON, OPT_EP
 } opt_id;
 
 static const struct {
@@ -76,6 +76,7 @@ static const struct {
     {"check-tokens", OPT_CHECK_TOKENS, FOR_RUN}, {"check-rows", OPT_CHECK_ROWS, FOR_RUN},
     {"tol", OPT_TOL, FOR_RUN},              {"warmup", OPT_WARMUP, FOR_BENCH},
     {"repeat", OPT_REPEAT, FOR_BENCH},      {"json", OPT_JSON, FOR_BENCH},
+    {"ep", OPT_EP, FOR_RUN},
 };
 
 static const char *command_names[] = {"help", "info", "run", "bench"};
@@ -110,6 +111,7 @@ static void set_defaults(cli_options *o) {
   o->check_rows = CLI_DEFAULT;
   o->tol = 1e-2;
   o->warmup = o->repeat = CLI_DEFAULT;
+  o->ep = 1;
 }
 
 /* An int option: a whole number in [lo, INT32_MAX]. */
@@ -168,6 +170,10 @@ static int apply(cli_options *o, opt_id id, const char *name, const char *v, cha
     case OPT_CHECK_ROWS: return set_int(&o->check_rows, name, v, 0, err, len);
     case OPT_WARMUP: return set_int(&o->warmup, name, v, 0, err, len);
     case OPT_REPEAT: return set_int(&o->repeat, name, v, 1, err, len);
+    case OPT_EP:
+      if (set_int(&o->ep, name, v, 1, err, len)) return -1;
+      if (o->ep > MOK_EP_MAX) return fail(err, len, "--ep %d: expected 1..%d", o->ep, MOK_EP_MAX);
+      return 0;
   }
   return fail(err, len, "--%s: not handled", name);
 }
@@ -184,6 +190,12 @@ static int resolve(cli_options *o, char *err, size_t len) {
   }
   o->shape = cli_scale(s, o->scale, o->tokens);
   int cuda = o->backend == MOK_BACKEND_CUDA;
+  if (o->ep > 1 && cuda)
+    return fail(err, len, "--ep %d: expert parallelism runs on emulated ranks of the CPU backend "
+                          "so far; add --backend cpu", o->ep);
+  if (o->shape.experts % o->ep != 0)
+    return fail(err, len, "--ep %d: the shape's %d experts do not split over %d ranks", o->ep,
+                o->shape.experts, o->ep);
   if (o->warmup == CLI_DEFAULT) o->warmup = cuda ? CLI_CUDA_WARMUP : CLI_CPU_WARMUP;
   if (o->repeat == CLI_DEFAULT) o->repeat = cuda ? CLI_CUDA_REPEAT : CLI_CPU_REPEAT;
   return 0;

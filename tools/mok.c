@@ -93,7 +93,10 @@ static void command_help(cli_command c) {
         "                    float64 work stays under %.0e multiply-adds, at least 1; a row\n"
         "                    sums over every token routed to its expert)\n"
         "  --tol X           largest relative L2 error ||got - ref|| / ||ref|| that passes\n"
-        "                    (default 1e-2)\n\n",
+        "                    (default 1e-2)\n"
+        "  --ep R            instead: T tokens on each of R emulated expert-parallel ranks\n"
+        "                    (CPU backend, a thread each), then the R*T tokens on one rank, and\n"
+        "                    whether every output has the same bits (default 1: off)\n\n",
         CLI_CHECK_ROWS, CLI_CHECK_BUDGET);
     layer_options_help();
     printf("\nexamples:\n"
@@ -209,6 +212,10 @@ static int print_digests(const tool_layer *L, const cli_digest *d) {
 }
 
 static int cmd_run(const cli_options *o) {
+  if (o->ep > 1) {
+    print_header("run", o);
+    return tool_run_ep(o);
+  }
   tool_layer L;
   double fwd = 0, bwd = 0, t0;
   cli_digest d[OUT_COUNT];

@@ -1,0 +1,166 @@
+/*
+ * ep.c: `mok run --ep R` (CPU backend): the shape's T tokens on each of R emulated ranks of an EP
+ * group, a global batch of R*T tokens, then the same batch on one rank; prints both times and
+ * whether every output has the same bits on both (DESIGN §3, D4): y, dx and d_topk_weights of
+ * every token, and the routed weight gradients of every expert. The shared expert's gradients are
+ * per-rank partial sums (DESIGN §2.3) and are not compared.
+ */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "layer.h"
+#include "mok_gen.h"
+
+enum { EP_Y, EP_DX, EP_DTW, EP_GATE, EP_UP, EP_DOWN, EP_SG, EP_SU, EP_SD, EP_COUNT };
+static const char *ep_names[EP_COUNT] = {"y", "dx", "d_topk_weights", "dw_gate", "dw_up",
+                                         "dw_down", "dws_gate", "dws_up", "dws_down"};
+
+/* One rank (or the single-rank run): its context, workspace, arguments and output buffers. */
+typedef struct ep_rank {
+  mok_context *ctx;
+  mok_workspace *ws;
+  mok_forward_args f;
+  mok_backward_args b;
+  void *out[EP_COUNT];
+  size_t bytes[EP_COUNT];
+  mok_status st;
+} ep_rank;
+
+static void *zalloc(size_t bytes) {
+  void *p = aligned_alloc(256, (bytes + 255) / 256 * 256);
+  if (p) memset(p, 0, bytes);
+  return p;
+}
+
+/* Rank r of R over tokens [r T, (r+1) T) and experts [r E/R, (r+1) E/R) of L (R = 1: all). */
+static int rank_init(ep_rank *u, const mok_host_layer *L, const cli_options *o, int r, int R,
+                     mok_ep_group *g, int64_t T) {
+  memset(u, 0, sizeof *u);
+  const mok_shape *gs = &L->shape;
+  const int64_t H = gs->hidden, I = gs->inter, Is = gs->shared_inter, k = gs->top_k;
+  const int64_t El = gs->experts / R, ge = o->grad_mode == MOK_GRAD_ACCUMULATE_F32 ? 4 : 2;
+  mok_context_config cfg = MOK_CONTEXT_CONFIG_INIT;
+  cfg.ep_rank = r, cfg.ep_size = R, cfg.group = R > 1 ? g : NULL;
+  cfg.threads = o->threads > 0 ? (o->threads + R - 1) / R : 0;
+  mok_status st = mok_context_create(&cfg, &u->ctx);
+  if (st != MOK_OK) return tool_mok_error("mok_context_create", st);
+  mok_shape shape = *gs;
+  shape.max_tokens = T;
+  st = mok_workspace_create(u->ctx, &shape, &u->ws);
+  if (st != MOK_OK) return tool_mok_error("mok_workspace_create", st);
+  const size_t b[EP_COUNT] = {(size_t)(T * H * 2), (size_t)(T * H * 2), (size_t)(T * k * 4),
+                              (size_t)(El * I * H * ge), (size_t)(El * I * H * ge),
+                              (size_t)(El * H * I * ge), (size_t)(Is * H * ge),
+                              (size_t)(Is * H * ge), (size_t)(H * Is * ge)};
+  for (int i = 0; i < EP_COUNT; i++) {
+    u->bytes[i] = b[i];
+    if (b[i] && !(u->out[i] = zalloc(b[i]))) {
+      tool_error("no host memory for %zu bytes of %s", b[i], ep_names[i]);
+      return 1;
+    }
+  }
+  void *saved = zalloc(mok_saved_bytes(u->ws, T));
+  if (!saved) {
+    tool_error("no host memory for saved");
+    return 1;
+  }
+  mok_weights w = mok_host_layer_weights(L);
+  w.w_gate = L->w_gate + r * El * I * H;
+  w.w_up = L->w_up + r * El * I * H;
+  w.w_down = L->w_down + r * El * H * I;
+  u->f = (mok_forward_args){T, L->x + r * T * H, L->topk_ids + r * T * k,
+                            L->topk_weights + r * T * k, w, u->out[EP_Y], saved};
+  mok_grads gr = {u->out[EP_GATE], u->out[EP_UP], u->out[EP_DOWN],
+                  u->out[EP_SG],   u->out[EP_SU], u->out[EP_SD]};
+  u->b = (mok_backward_args){T, u->f.x, u->f.topk_ids, u->f.topk_weights, w, saved,
+                             L->dy + r * T * H, u->out[EP_DX], u->out[EP_DTW], gr, o->grad_mode};
+  return 0;
+}
+
+static void rank_fini(ep_rank *u) {
+  if (u->f.saved) free(u->f.saved);
+  for (int i = 0; i < EP_COUNT; i++) free(u->out[i]);
+  mok_workspace_destroy(u->ws);
+  mok_context_destroy(u->ctx);
+}
+
+static void *rank_main(void *p) {
+  ep_rank *u = p;
+  u->st = mok_forward(u->ws, &u->f, NULL);
+  if (u->st == MOK_OK) u->st = mok_backward(u->ws, &u->b, NULL);
+  return NULL;
+}
+
+int tool_run_ep(const cli_options *o) {
+  const int R = o->ep;
+  const int64_t T = o->shape.max_tokens;
+  mok_shape gs = o->shape;
+  gs.max_tokens = T * R;
+  mok_host_layer L = {0};
+  mok_ep_group *g = NULL;
+  ep_rank one, *ranks = calloc((size_t)R, sizeof *ranks);
+  int rc = 1, failed = 0;
+  memset(&one, 0, sizeof one);
+  double t0 = tool_step("inputs of the global batch (%d ranks x %lld tokens)", R, (long long)T);
+  mok_status st = mok_host_layer_create(&gs, T * R, o->seed, &L);
+  if (!ranks || st != MOK_OK) {
+    tool_mok_error("mok_host_layer_create", st);
+    goto done;
+  }
+  tool_done(t0);
+  st = mok_ep_group_create_emulated(R, 0, &g);
+  if (st != MOK_OK) {
+    tool_mok_error("mok_ep_group_create_emulated", st);
+    goto done;
+  }
+  for (int r = 0; r < R; r++)
+    if (rank_init(&ranks[r], &L, o, r, R, g, T)) goto done;
+  if (rank_init(&one, &L, o, 0, 1, NULL, T * R)) goto done;
+
+  t0 = tool_step("forward and backward on %d ranks, a thread each", R);
+  pthread_t th[MOK_EP_MAX];
+  for (int r = 0; r < R; r++) pthread_create(&th[r], NULL, rank_main, &ranks[r]);
+  for (int r = 0; r < R; r++) pthread_join(th[r], NULL);
+  const double t_ep = tool_seconds() - t0;
+  tool_done(t0);
+  for (int r = 0; r < R; r++)
+    if (ranks[r].st != MOK_OK) {
+      tool_error("rank %d: %s: %s", r, mok_status_name(ranks[r].st), mok_last_error());
+      goto done;
+    }
+  t0 = tool_step("the same batch on one rank");
+  rank_main(&one);
+  const double t_one = tool_seconds() - t0;
+  tool_done(t0);
+  if (one.st != MOK_OK) {
+    tool_mok_error("one rank", one.st);
+    goto done;
+  }
+
+  printf("  %d ranks: forward+backward %.3f s; one rank: %.3f s\n", R, t_ep, t_one);
+  printf("  %-16s %s\n", "output", "bits at ep = 1 and ep = R");
+  for (int i = 0; i < EP_COUNT; i++) {
+    if (!one.bytes[i]) continue;
+    if (i >= EP_SG) {
+      printf("  %-16s not compared (per-rank partial sums)\n", ep_names[i]);
+      continue;
+    }
+    int same = 1;
+    for (int r = 0; r < R; r++) /* rank r's slice: tokens r T.. or experts r E/R.. */
+      same = same && memcmp(ranks[r].out[i], (char *)one.out[i] + (size_t)r * ranks[r].bytes[i],
+                            ranks[r].bytes[i]) == 0;
+    printf("  %-16s %s\n", ep_names[i], same ? "identical" : "DIFFER");
+    failed += !same;
+  }
+  printf("\nrun --ep %d: %s\n", R, failed ? "FAIL" : "PASS");
+  rc = failed != 0;
+done:
+  for (int r = 0; ranks && r < R; r++) rank_fini(&ranks[r]);
+  rank_fini(&one);
+  free(ranks);
+  mok_ep_group_destroy(g);
+  mok_host_layer_destroy(&L);
+  return rc;
+}
