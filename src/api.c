@@ -92,7 +92,8 @@ static mok_status check_shape(const mok_context *ctx, const mok_shape *s) {
   CHECK_ARG(s->max_tokens * s->top_k * ctx->cfg.ep_size <= ((int64_t)1 << 26),
             "max_tokens * top_k * ep_size is %lld; expected at most 2^26",
             (long long)(s->max_tokens * s->top_k * ctx->cfg.ep_size));
-  CHECK_ARG(s->routed_rows >= 0, "routed_rows is %lld; expected >= 0 (0 = the worst case)",
+  CHECK_ARG(s->routed_rows >= 0 && s->routed_rows <= ((int64_t)1 << 31),
+            "routed_rows is %lld; expected 0 (the worst case) .. 2^31",
             (long long)s->routed_rows);
   if (s->precision != MOK_BF16)
     return mok_fail(MOK_ERR_UNSUPPORTED, "precision %d: only MOK_BF16 is supported",

@@ -57,18 +57,42 @@ void mok_ep_group_destroy(mok_ep_group *g) {
   free(g);
 }
 
+/* Field by field: the struct has padding that a copy may carry. */
+static int same_shape(const mok_shape *a, const mok_shape *b) {
+  return a->max_tokens == b->max_tokens && a->hidden == b->hidden && a->inter == b->inter &&
+         a->shared_inter == b->shared_inter && a->experts == b->experts &&
+         a->top_k == b->top_k && a->precision == b->precision &&
+         a->routed_rows == b->routed_rows;
+}
+
 mok_status mok_group_join(mok_ep_group *g, int rank, mok_workspace *ws) {
   if (!g) return MOK_OK;
   group_sync *y = g->sync;
   pthread_mutex_lock(&y->mu);
   mok_workspace *other = g->ws[rank];
-  if (!other) g->ws[rank] = ws;
+  int differs = -1;
+  for (int r = 0; r < g->size && differs < 0; r++)
+    if (g->ws[r] && !same_shape(&g->ws[r]->shape, &ws->shape)) differs = r;
+  if (!other && differs < 0) g->ws[rank] = ws;
   pthread_mutex_unlock(&y->mu);
   if (other)
     return mok_fail(MOK_ERR_INVALID_ARG,
                     "rank %d of the EP group already has a workspace; one per rank and group",
                     rank);
+  if (differs >= 0)
+    return mok_fail(MOK_ERR_INVALID_ARG,
+                    "rank %d's workspace has another shape than rank %d's; every rank of an EP "
+                    "group needs the same shape", rank, differs);
   return MOK_OK;
+}
+
+int mok_group_broken(const mok_ep_group *g) {
+  if (!g) return 0;
+  group_sync *y = g->sync;
+  pthread_mutex_lock(&y->mu);
+  int b = g->broken;
+  pthread_mutex_unlock(&y->mu);
+  return b;
 }
 
 void mok_group_leave(mok_ep_group *g, int rank, mok_workspace *ws) {

@@ -75,6 +75,9 @@ mok_status mok_group_barrier(mok_ep_group *g, int32_t *bits);
 /* The workspace of each rank joins the peer table when created and leaves it when destroyed. */
 mok_status mok_group_join(mok_ep_group *g, int rank, struct mok_workspace *ws);
 void mok_group_leave(mok_ep_group *g, int rank, struct mok_workspace *ws);
+/* A barrier of the group timed out: a call must not even publish its inputs (a peer that is
+ * late, not gone, may still be reading them). */
+int mok_group_broken(const mok_ep_group *g);
 
 struct mok_backend_ops;
 

@@ -72,6 +72,21 @@ static void context_arguments(void) {
   EXPECT_FAIL(mok_workspace_create(ctx, &s, &w2), MOK_ERR_INVALID_ARG, "already has", w2);
   mok_workspace_destroy(w1);
   CHECK_OK(mok_workspace_create(ctx, &s, &w1)); /* the slot is free again */
+  /* Every rank of a group has one shape (compared field by field, not with the padding). */
+  mok_context *ctx0 = NULL;
+  bad.ep_rank = 0;
+  CHECK_OK(mok_context_create(&bad, &ctx0));
+  mok_shape other;
+  memset(&other, 0xff, sizeof other); /* padding bytes differ from s's */
+  other.max_tokens = 16, other.hidden = 32, other.inter = 16, other.shared_inter = 0;
+  other.experts = 4, other.top_k = 2, other.precision = MOK_BF16, other.routed_rows = 0;
+  mok_workspace *w0 = NULL;
+  CHECK_OK(mok_workspace_create(ctx0, &other, &w0));
+  mok_workspace_destroy(w0);
+  w0 = (mok_workspace *)(uintptr_t)1;
+  other.hidden = 64;
+  EXPECT_FAIL(mok_workspace_create(ctx0, &other, &w0), MOK_ERR_INVALID_ARG, "another shape", w0);
+  mok_context_destroy(ctx0);
   mok_workspace_destroy(w1);
   mok_context_destroy(ctx);
   mok_ep_group_destroy(grp);

@@ -51,23 +51,31 @@ static int untouched(const void *p, int64_t bytes) {
   return 1;
 }
 
-/* Rank r of `ep` takes tokens [r T/ep, (r+1) T/ep) of L and experts [r E/ep, (r+1) E/ep). */
-static int setup(ep_setup *s, const mok_host_layer *L, int ep, int64_t routed_rows,
-                 int timeout_ms) {
+/* Rank r of `ep` takes split[r] tokens of L (NULL: T/ep each), in rank order, and experts
+ * [r E/ep, (r+1) E/ep); max_tokens is the largest split. */
+static int setup_split(ep_setup *s, const mok_host_layer *L, int ep, int64_t routed_rows,
+                       int timeout_ms, const int64_t *split, int threads) {
   memset(s, 0, sizeof *s);
   s->ep = ep;
   CHECK_OK(mok_ep_group_create_emulated(ep, timeout_ms, &s->group));
   if (!s->group) return 0;
   const mok_shape *gs = &L->shape;
-  const int64_t Tr = L->tokens / ep, H = gs->hidden, I = gs->inter, Is = gs->shared_inter;
+  const int64_t H = gs->hidden, I = gs->inter, Is = gs->shared_inter;
   const int64_t El = gs->experts / ep, k = gs->top_k;
+  int64_t max_tokens = 0, first[9] = {0};
+  for (int r = 0; r < ep; r++) {
+    const int64_t n = split ? split[r] : L->tokens / ep;
+    first[r + 1] = first[r] + n;
+    if (n > max_tokens) max_tokens = n;
+  }
   for (int r = 0; r < ep; r++) {
     rank_run *u = &s->run[r];
+    const int64_t Tr = first[r + 1] - first[r], t0 = first[r];
     mok_context_config cfg = MOK_CONTEXT_CONFIG_INIT;
-    cfg.ep_rank = r, cfg.ep_size = ep, cfg.group = s->group, cfg.threads = 1;
+    cfg.ep_rank = r, cfg.ep_size = ep, cfg.group = s->group, cfg.threads = threads;
     CHECK_OK(mok_context_create(&cfg, &u->ctx));
     mok_shape shape = *gs;
-    shape.max_tokens = Tr;
+    shape.max_tokens = max_tokens;
     shape.routed_rows = routed_rows;
     if (u->ctx) CHECK_OK(mok_workspace_create(u->ctx, &shape, &u->ws));
     if (!u->ws) return 0;
@@ -78,8 +86,8 @@ static int setup(ep_setup *s, const mok_host_layer *L, int ep, int64_t routed_ro
     u->y_bytes = Tr * H * 2, u->dtw_bytes = Tr * k * 4;
     const int64_t g_len[G_COUNT] = {El * I * H, El * I * H, El * H * I, Is * H, Is * H, H * Is};
     for (int g = 0; g < G_COUNT; g++) u->g_bytes[g] = g_len[g] * 2;
-    u->f = (mok_forward_args){Tr, L->x + r * Tr * H, L->topk_ids + r * Tr * k,
-                              L->topk_weights + r * Tr * k, w, test_alloc((size_t)u->y_bytes),
+    u->f = (mok_forward_args){Tr, L->x + t0 * H, L->topk_ids + t0 * k,
+                              L->topk_weights + t0 * k, w, test_alloc((size_t)u->y_bytes),
                               test_alloc(mok_saved_bytes(u->ws, Tr))};
     mok_grads gr = {0};
     void **gp[G_COUNT] = {&gr.dw_gate, &gr.dw_up, &gr.dw_down, &gr.dws_gate, &gr.dws_up,
@@ -87,7 +95,7 @@ static int setup(ep_setup *s, const mok_host_layer *L, int ep, int64_t routed_ro
     for (int g = 0; g < G_COUNT; g++)
       if (g_len[g]) *gp[g] = test_alloc((size_t)u->g_bytes[g]);
     u->b = (mok_backward_args){Tr, u->f.x, u->f.topk_ids, u->f.topk_weights, w, u->f.saved,
-                               L->dy + r * Tr * H, test_alloc((size_t)u->y_bytes),
+                               L->dy + t0 * H, test_alloc((size_t)u->y_bytes),
                                test_alloc((size_t)u->dtw_bytes), gr, MOK_GRAD_WRITE_BF16};
     memset(u->f.y, POISON, (size_t)u->y_bytes);
     memset(u->b.dx, POISON, (size_t)u->y_bytes);
@@ -96,6 +104,11 @@ static int setup(ep_setup *s, const mok_host_layer *L, int ep, int64_t routed_ro
       if (g_len[g]) memset(*gp[g], POISON, (size_t)u->g_bytes[g]);
   }
   return 1;
+}
+
+static int setup(ep_setup *s, const mok_host_layer *L, int ep, int64_t routed_rows,
+                 int timeout_ms) {
+  return setup_split(s, L, ep, routed_rows, timeout_ms, NULL, 1);
 }
 
 static void teardown(ep_setup *s) {
@@ -170,6 +183,43 @@ static void d4_across_ep(void) {
     }
     teardown(&s);
   }
+  harness_fini(&ref);
+}
+
+/* D4 again with uneven token counts (each below max_tokens but the largest), two threads per
+ * rank, and three calls in a row on the same workspaces. */
+static void d4_uneven_repeated(void) {
+  harness ref;
+  if (!harness_init(&ref, &global_shape, global_shape.max_tokens, 15, 1)) return;
+  CHECK_OK(harness_run(&ref, MOK_GRAD_WRITE_BF16));
+  const int64_t H = global_shape.hidden, k = global_shape.top_k;
+  const int64_t split[4] = {40, 8, 30, 18};
+  ep_setup s;
+  if (setup_split(&s, &ref.L, 4, 0, 0, split, 2)) {
+    for (int rep = 0; rep < 3; rep++) {
+      for (int r = 0; r < 4; r++) memset(s.run[r].f.y, POISON, (size_t)s.run[r].y_bytes);
+      run_all(&s, 1);
+      int64_t t0 = 0;
+      for (int r = 0; r < 4; r++) {
+        const rank_run *u = &s.run[r];
+        CHECK(u->fwd == MOK_OK && u->bwd == MOK_OK, "rep %d rank %d: %s / %s", rep, r,
+              mok_status_name(u->fwd), mok_status_name(u->bwd));
+        int64_t a = first_diff(u->f.y, ref.y + t0 * H, split[r] * H * 2);
+        int64_t b = first_diff(u->b.dx, ref.dx + t0 * H, split[r] * H * 2);
+        int64_t c = first_diff(u->b.d_topk_weights, ref.dtw + t0 * k, split[r] * k * 4);
+        CHECK(a < 0 && b < 0 && c < 0, "rep %d rank %d: y/dx/dtw differ at bytes %lld/%lld/%lld",
+              rep, r, (long long)a, (long long)b, (long long)c);
+        t0 += split[r];
+      }
+      const int64_t El = global_shape.experts / 4, I = global_shape.inter;
+      for (int r = 0; r < 4; r++) {
+        int64_t d = first_diff(s.run[r].b.g.dw_down, (uint16_t *)ref.g[G_DOWN] + r * El * H * I,
+                               El * H * I * 2);
+        CHECK(d < 0, "rep %d rank %d: dw_down differs at byte %lld", rep, r, (long long)d);
+      }
+    }
+  }
+  teardown(&s);
   harness_fini(&ref);
 }
 
@@ -269,6 +319,7 @@ static void capacity_overflow(void) {
 
 const test_case tests_ep[] = {
     {"ep/D4_bits_across_ep_1_2_4_8", d4_across_ep},
+    {"ep/D4_uneven_tokens_repeated", d4_uneven_repeated},
     {"ep/absent_rank_times_out", absent_rank_times_out},
     {"ep/bad_id_on_one_rank_stops_all", bad_id_on_one_rank},
     {"ep/capacity_overflow_stops_all", capacity_overflow},

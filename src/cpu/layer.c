@@ -40,6 +40,7 @@ mok_status cpu_layer_forward(mok_workspace *ws, const mok_forward_args *a, int c
   cpu_state *st = cpu_state_of(ws);
   const int64_t T = a->tokens, H = ws->shape.hidden;
   cpu_saved sv = cpu_saved_view(ws, a->saved, T);
+  if (mok_group_broken(ws->ctx->cfg.group)) return close_direction(ws); /* fails at once */
   publish(ws, T, a->x, NULL);
   mok_status s = cpu_schedule_build(ws, a->topk_ids, a->topk_weights, T, &sv);
   if (s != MOK_OK) return s;
@@ -72,6 +73,7 @@ mok_status cpu_layer_backward(mok_workspace *ws, const mok_backward_args *a, voi
   cpu_state *st = cpu_state_of(ws);
   const int64_t T = a->tokens, H = ws->shape.hidden;
   cpu_saved sv = cpu_saved_view(ws, a->saved, T);
+  if (mok_group_broken(ws->ctx->cfg.group)) return close_direction(ws); /* fails at once */
   publish(ws, T, a->x, a->dy);
   int32_t bits = sv.status[0];
   mok_status s = cpu_barrier(ws, &bits);

@@ -25,19 +25,12 @@ static void set_error(mok_workspace *ws, const cpu_saved *sv, int32_t bits) {
   cpu_state_of(ws)->sticky |= bits;
 }
 
-/* After the first barrier: every rank's workspace has this rank's shape. */
-static int shapes_differ(const mok_workspace *ws) {
-  const mok_ep_group *g = ws->ctx->cfg.group;
-  for (int r = 0; g && r < g->size; r++)
-    if (memcmp(&g->ws[r]->shape, &ws->shape, sizeof ws->shape) != 0) return 1;
-  return 0;
-}
-
 /* Publishes ids and weights, checks them, meets the group. */
 static mok_status publish_and_check(mok_workspace *ws, const int32_t *ids, const float *weights,
                                     int64_t tokens, const cpu_saved *sv) {
   cpu_state *st = cpu_state_of(ws);
   const int64_t k = ws->shape.top_k, slots = tokens * k;
+  if (mok_group_broken(ws->ctx->cfg.group)) return cpu_barrier(ws, &(int32_t){0});
   st->sym_tokens = tokens;
   memcpy(st->sym_ids, ids, (size_t)slots * sizeof *ids);
   memcpy(st->sym_w, weights, (size_t)slots * sizeof *weights);
@@ -45,9 +38,6 @@ static mok_status publish_and_check(mok_workspace *ws, const int32_t *ids, const
   int32_t bits = bad >= 0 ? MOK_DEVERR_EXPERT_ID : 0;
   mok_status s = cpu_barrier(ws, &bits);
   if (s != MOK_OK) return s;
-  if (shapes_differ(ws))
-    return mok_fail(MOK_ERR_INVALID_ARG, "the workspaces of the EP group's ranks have different "
-                                         "shapes; expected one shape for every rank");
   if (!bits) return MOK_OK;
   set_error(ws, sv, bits);
   if (bad >= 0)
