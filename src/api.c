@@ -3,6 +3,7 @@
  * queues any work, with a message saying what was wrong and what was expected.
  */
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "internal.h"
@@ -196,27 +197,43 @@ static mok_status check_forward(const mok_workspace *ws, const mok_forward_args 
   return check_saved(a->saved);
 }
 
-mok_status mok_schedule(mok_workspace *ws, const mok_forward_args *a, void *stream) {
+/* A call refused here on one rank of an EP group would leave the others waiting at the call's
+ * first barrier until the timeout: this rank goes to that barrier with MOK_DEVERR_PEER_ARG, so
+ * every rank fails the call at once (and the group stays usable), then keeps its own message. */
+static mok_status refuse_with_peers(mok_workspace *ws, mok_status st) {
+  if (st == MOK_OK || !ws || !ws->ctx->cfg.group) return st;
+  char msg[512];
+  snprintf(msg, sizeof msg, "%s", mok_last_error());
+  int32_t bits = MOK_DEVERR_PEER_ARG;
+  (void)mok_group_barrier(ws->ctx->cfg.group, &bits);
+  return mok_fail(st, "%s", msg);
+}
+
+static mok_status check_schedule(const mok_workspace *ws, const mok_forward_args *a) {
   CHECK_ARG(ws != NULL, "ws is NULL; create one with mok_workspace_create");
   CHECK_ARG(a != NULL, "args is NULL");
   TRY(check_tokens(ws, a->tokens));
   CHECK_TENSOR(a->topk_ids, "topk_ids");
   CHECK_TENSOR(a->topk_weights, "topk_weights");
-  TRY(check_saved(a->saved));
+  return check_saved(a->saved);
+}
+
+mok_status mok_schedule(mok_workspace *ws, const mok_forward_args *a, void *stream) {
+  TRY(refuse_with_peers(ws, check_schedule(ws, a)));
   return ws->ctx->ops->schedule(ws, a, stream);
 }
 
 mok_status mok_forward(mok_workspace *ws, const mok_forward_args *a, void *stream) {
-  TRY(check_forward(ws, a, 1));
+  TRY(refuse_with_peers(ws, check_forward(ws, a, 1)));
   return ws->ctx->ops->forward(ws, a, 1, stream);
 }
 
 mok_status mok_recompute(mok_workspace *ws, const mok_forward_args *a, void *stream) {
-  TRY(check_forward(ws, a, 0));
+  TRY(refuse_with_peers(ws, check_forward(ws, a, 0)));
   return ws->ctx->ops->forward(ws, a, 0, stream);
 }
 
-mok_status mok_backward(mok_workspace *ws, const mok_backward_args *a, void *stream) {
+static mok_status check_backward(const mok_workspace *ws, const mok_backward_args *a) {
   CHECK_ARG(ws != NULL, "ws is NULL; create one with mok_workspace_create");
   CHECK_ARG(a != NULL, "args is NULL");
   TRY(check_tokens(ws, a->tokens));
@@ -237,6 +254,11 @@ mok_status mok_backward(mok_workspace *ws, const mok_backward_args *a, void *str
   CHECK_ARG(a->grad_mode == MOK_GRAD_WRITE_BF16 || a->grad_mode == MOK_GRAD_ACCUMULATE_F32,
             "grad_mode is %d; expected MOK_GRAD_WRITE_BF16 or MOK_GRAD_ACCUMULATE_F32",
             (int)a->grad_mode);
+  return MOK_OK;
+}
+
+mok_status mok_backward(mok_workspace *ws, const mok_backward_args *a, void *stream) {
+  TRY(refuse_with_peers(ws, check_backward(ws, a)));
   return ws->ctx->ops->backward(ws, a, stream);
 }
 
@@ -255,6 +277,9 @@ mok_status mok_check(mok_workspace *ws, void *stream) {
                     "untouched");
   if (bits & MOK_DEVERR_TIMEOUT)
     return mok_fail(MOK_ERR_TIMEOUT, "a peer rank did not arrive in time");
+  if (bits & MOK_DEVERR_PEER_ARG)
+    return mok_fail(MOK_ERR_INVALID_ARG, "a call was refused on another rank of the EP group for "
+                                         "a bad argument; it was left undone on every rank");
   return MOK_OK;
 }
 

@@ -35,7 +35,8 @@ static inline size_t mok_take(size_t *cursor, int64_t bytes) {
 
 /* Device-side error codes stored in error words (int32). Zero means fine. */
 enum { MOK_DEVERR_NONE = 0, MOK_DEVERR_EXPERT_ID = 1, MOK_DEVERR_CAPACITY = 2,
-       MOK_DEVERR_TIMEOUT = 4 };
+       MOK_DEVERR_TIMEOUT = 4,
+       MOK_DEVERR_PEER_ARG = 8 /* a rank of the EP group had this call refused by api.c */ };
 
 /* The per-call `saved` buffer: schedule, then the activations backward reads.
  * Every offset is in bytes from the start of `saved` and a multiple of MOK_ALIGN. */

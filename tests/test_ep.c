@@ -130,6 +130,12 @@ static void *rank_main(void *p) {
   return NULL;
 }
 
+static void *backward_main(void *p) {
+  rank_run *u = p;
+  u->bwd = mok_backward(u->ws, &u->b, NULL);
+  return NULL;
+}
+
 /* Every rank that is not absent runs at once, each on its own thread. */
 static void run_all(ep_setup *s, int backward) {
   pthread_t th[8];
@@ -317,11 +323,53 @@ static void capacity_overflow(void) {
   mok_host_layer_destroy(&L);
 }
 
+/* One rank's call refused by the argument checks: every rank fails it at once with
+ * MOK_ERR_INVALID_ARG (no timeout), nothing is written, and the group stays usable. */
+static void refused_arguments_on_one_rank(void) {
+  mok_host_layer L;
+  if (mok_host_layer_create(&global_shape, global_shape.max_tokens, 16, &L) != MOK_OK) return;
+  ep_setup s;
+  if (setup(&s, &L, 4, 0, 5000)) {
+    const int64_t good_tokens = s.run[1].f.tokens;
+    s.run[1].f.tokens = 0;
+    const double t0 = now_s();
+    run_all(&s, 0);
+    CHECK(now_s() - t0 < 2.0, "the refusal took %.3f s (a timeout?)", now_s() - t0);
+    for (int r = 0; r < 4; r++) {
+      CHECK(s.run[r].fwd == MOK_ERR_INVALID_ARG, "rank %d: forward %s", r,
+            mok_status_name(s.run[r].fwd));
+      CHECK(untouched(s.run[r].f.y, s.run[r].y_bytes), "rank %d: y written", r);
+    }
+    s.run[1].f.tokens = good_tokens;
+    run_all(&s, 1); /* the group still works */
+    for (int r = 0; r < 4; r++)
+      CHECK(s.run[r].fwd == MOK_OK && s.run[r].bwd == MOK_OK, "rank %d after a refusal: %s / %s",
+            r, mok_status_name(s.run[r].fwd), mok_status_name(s.run[r].bwd));
+    /* A backward refused on rank 2 (no dx): every rank's backward fails, dx untouched. */
+    for (int r = 0; r < 4; r++) memset(s.run[r].b.dx, POISON, (size_t)s.run[r].y_bytes);
+    void *dx2 = s.run[2].b.dx;
+    s.run[2].b.dx = NULL;
+    pthread_t th[4];
+    for (int r = 0; r < 4; r++)
+      pthread_create(&th[r], NULL, backward_main, &s.run[r]);
+    for (int r = 0; r < 4; r++) pthread_join(th[r], NULL);
+    s.run[2].b.dx = dx2;
+    for (int r = 0; r < 4; r++) {
+      CHECK(s.run[r].bwd == MOK_ERR_INVALID_ARG, "rank %d: backward %s", r,
+            mok_status_name(s.run[r].bwd));
+      CHECK(untouched(s.run[r].b.dx, s.run[r].y_bytes), "rank %d: dx written", r);
+    }
+  }
+  teardown(&s);
+  mok_host_layer_destroy(&L);
+}
+
 const test_case tests_ep[] = {
     {"ep/D4_bits_across_ep_1_2_4_8", d4_across_ep},
     {"ep/D4_uneven_tokens_repeated", d4_uneven_repeated},
     {"ep/absent_rank_times_out", absent_rank_times_out},
     {"ep/bad_id_on_one_rank_stops_all", bad_id_on_one_rank},
     {"ep/capacity_overflow_stops_all", capacity_overflow},
+    {"ep/refused_arguments_on_one_rank", refused_arguments_on_one_rank},
     {NULL, NULL},
 };

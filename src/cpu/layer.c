@@ -78,6 +78,10 @@ mok_status cpu_layer_backward(mok_workspace *ws, const mok_backward_args *a, voi
   int32_t bits = sv.status[0];
   mok_status s = cpu_barrier(ws, &bits);
   if (s != MOK_OK) return s;
+  if (bits & MOK_DEVERR_PEER_ARG)
+    return mok_fail(MOK_ERR_INVALID_ARG,
+                    "another rank of the EP group had this backward refused for a bad argument "
+                    "(its error says which); outputs untouched on every rank");
   if (bits) return refuse_failed_forward(ws, sv.status[0], bits);
   cpu_dispatch(ws, &sv, 1);
   cpu_bf16_to_f32(ws, st->xf, a->x, T * H);

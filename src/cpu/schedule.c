@@ -40,6 +40,10 @@ static mok_status publish_and_check(mok_workspace *ws, const int32_t *ids, const
   if (s != MOK_OK) return s;
   if (!bits) return MOK_OK;
   set_error(ws, sv, bits);
+  if (bad < 0 && (bits & MOK_DEVERR_PEER_ARG))
+    return mok_fail(MOK_ERR_INVALID_ARG,
+                    "another rank of the EP group had this call refused for a bad argument (its "
+                    "error says which); the call left its outputs untouched on every rank");
   if (bad >= 0)
     return mok_fail(MOK_ERR_EXPERT_ID,
                     "topk_ids[%lld] (token %lld, slot %lld) is %d; expected 0..%d (E = %d); "
