@@ -14,13 +14,13 @@ from ._lib import (MokAlignmentError, MokCapacityError, MokCudaError, MokError, 
                    MokUnsupported, library_path)
 from ._lib import lib as _clib
 from .bf16 import bf16_to_f32, f32_to_bf16, round_bf16
-from .core import Context, Dims, Workspace, clear_cache, cuda_device_count
+from .core import Context, Dims, EPGroup, Workspace, clear_cache, cuda_device_count
 from .numpy_api import Grads, Layer, aligned_empty, backward, forward
 
 __all__ = ["MokAlignmentError", "MokCapacityError", "MokCudaError", "MokError", "MokExpertIdError",
            "MokInternalError", "MokInvalidArgument", "MokNcclError", "MokOutOfMemory", "MokTimeout",
            "MokUnsupported", "library_path", "bf16_to_f32", "f32_to_bf16", "round_bf16", "Context",
-           "Dims", "Workspace", "clear_cache", "cuda_device_count", "Grads", "Layer",
+           "Dims", "EPGroup", "Workspace", "clear_cache", "cuda_device_count", "Grads", "Layer",
            "aligned_empty", "backward", "forward", "moe", "MoELayer", "check", "set_debug"]
 
 __version__ = "%d.%d.%d" % (_clib.mok_version() // 10000, _clib.mok_version() // 100 % 100,

@@ -33,15 +33,40 @@ def _cpu_threads():
     return int(os.environ.get("MOK_CPU_THREADS", "0"))
 
 
-class Context:
-    """One mok_context: a backend on a device (ep_size = 1)."""
+class EPGroup:
+    """An expert-parallel group of `ranks` ranks emulated in this process (mok_ep_group): each
+    rank gets its own Context(group=, rank=) and workspace and calls from its own thread (ctypes
+    releases the GIL while mok runs). A rank that does not arrive within timeout_ms (0 = 10 s)
+    makes the others raise MokTimeout. CPU backend."""
 
-    def __init__(self, backend="cpu", device=0, threads=None):
+    def __init__(self, ranks, timeout_ms=0):
+        ptr = ctypes.c_void_p()
+        check(lib.mok_ep_group_create_emulated(int(ranks), int(timeout_ms), ctypes.byref(ptr)),
+              "mok_ep_group_create_emulated")
+        self.ranks = int(ranks)
+        self.ptr, self._destroy = ptr.value, lib.mok_ep_group_destroy
+
+    def close(self):
+        """After every context of the group is closed (they keep a reference to it)."""
+        if getattr(self, "ptr", None):
+            self._destroy(self.ptr)
+            self.ptr = None
+
+    __del__ = close
+
+
+class Context:
+    """One mok_context: a backend on a device, rank `rank` of `group` (an EPGroup) or alone."""
+
+    def __init__(self, backend="cpu", device=0, threads=None, group=None, rank=0):
         if backend not in BACKENDS:
             raise ValueError(f"backend is {backend!r}; expected 'cpu' or 'cuda'")
         self.backend, self.device = backend, int(device)
         self.threads = _cpu_threads() if threads is None else int(threads)
-        cfg = _lib.ContextConfig(BACKENDS[backend], self.device, 0, 1, self.threads, 0)
+        self.group, self.rank = group, int(rank)  # the group outlives its contexts
+        self.ep = group.ranks if group is not None else 1
+        cfg = _lib.ContextConfig(BACKENDS[backend], self.device, self.rank, self.ep, self.threads,
+                                 0, _ptr(group.ptr if group is not None else 0))
         ptr = ctypes.c_void_p()
         check(lib.mok_context_create(ctypes.byref(cfg), ctypes.byref(ptr)), "mok_context_create")
         self.ptr, self._destroy = ptr.value, lib.mok_context_destroy
@@ -132,7 +157,7 @@ class Workspace:
             check(lib.mok_check(self.ptr, _ptr(stream)), "mok_check")
 
     def schedule_counts(self, saved, tokens, stream=0):
-        counts = (ctypes.c_int32 * self.dims.experts)()
+        counts = (ctypes.c_int32 * (self.dims.experts // self.ctx.ep))()
         with self.lock:
             check(lib.mok_schedule_counts(self.ptr, _ptr(saved), int(tokens), counts,
                                           _ptr(stream)), "mok_schedule_counts")

@@ -15,7 +15,7 @@ from collections import namedtuple
 import numpy as np
 
 from . import core
-from ._lib import SAVED_ALIGN
+from ._lib import SAVED_ALIGN, MokError
 from .validate import WEIGHTS, layer_dims
 
 Grads = namedtuple("Grads", "dx d_topk_weights " + " ".join("d" + n for n in WEIGHTS))
@@ -47,12 +47,12 @@ def _array(where, name, a):
     return a
 
 
-def _inputs(where, x, topk_ids, topk_weights, weights, dy=None, check_ids=True):
+def _inputs(where, x, topk_ids, topk_weights, weights, dy=None, check_ids=True, ep=1):
     arrs = {n: _array(where, n, a) for n, a in
             [("x", x), ("topk_ids", topk_ids), ("topk_weights", topk_weights),
              *zip(WEIGHTS, weights), ("dy", dy)]}
     shapes = {n: (None if a is None else a.shape) for n, a in arrs.items()}
-    t, dims = layer_dims(where, **shapes)
+    t, dims = layer_dims(where, **shapes, ep=ep)
     ids = arrs["topk_ids"]
     if check_ids and ids.size and (ids.min() < 0 or ids.max() >= dims.experts):
         raise ValueError(f"{where}: topk_ids has values in {ids.min()}..{ids.max()}; expected "
@@ -69,38 +69,65 @@ def _wptrs(arrs):
 
 
 class Layer:
-    """An explicit CPU workspace for one layer shape, up to max_tokens tokens per call."""
+    """An explicit CPU workspace for one layer shape, up to max_tokens tokens per call.
+
+    With group=mok.EPGroup(R) and rank=r it is rank r of R emulated expert-parallel ranks:
+    `experts` counts all of them, the weights passed are rank r's E/R experts (global ids
+    r*E/R ..), topk_ids are global ids, and every rank calls forward/backward at the same time
+    from its own thread; each gets the outputs of its own tokens (DESIGN.md §2.3)."""
 
     def __init__(self, hidden, inter, experts, top_k, shared_inter=0, max_tokens=4096,
-                 threads=None):
-        ctx = core.Context("cpu", 0, threads)
+                 threads=None, group=None, rank=0):
+        ctx = core.Context("cpu", 0, threads, group, rank)
+        self.ep = ctx.ep
         self.ws = core.Workspace(ctx, core.Dims(hidden, inter, shared_inter, experts, top_k),
                                  max_tokens)
+
+    def _call(self, fn):
+        """Runs fn; on an EP rank, a mistake found in Python (before mok is called) is first told
+        to the peer ranks, through a call mok refuses, so that they fail now rather than wait for
+        this rank until the group's timeout."""
+        try:
+            return fn()
+        except MokError:
+            raise  # from mok: the peers know
+        except (ValueError, TypeError):
+            if self.ep > 1:
+                try:
+                    self.ws.forward(0, 0, 0, 0, (0,) * 6, 0, 0)
+                except MokError:
+                    pass
+            raise
 
     def forward(self, x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate=None, ws_up=None,
                 ws_down=None, check_ids=True):
         """Returns (y, saved): y [T, H] bf16 bits, saved the buffer backward reads."""
-        return _forward(self.ws, "Layer.forward", x, topk_ids, topk_weights,
-                        (w_gate, w_up, w_down, ws_gate, ws_up, ws_down), check_ids)
+        return self._call(lambda: _forward(
+            self.ws, "Layer.forward", x, topk_ids, topk_weights,
+            (w_gate, w_up, w_down, ws_gate, ws_up, ws_down), check_ids, self.ep))
 
     def recompute(self, x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate=None,
                   ws_up=None, ws_down=None):
         """Fills a new `saved` as forward would, without y (activation checkpointing)."""
-        where = "Layer.recompute"
-        t, dims, a = _inputs(where, x, topk_ids, topk_weights,
-                             (w_gate, w_up, w_down, ws_gate, ws_up, ws_down))
-        _workspace(self.ws, where, dims, t)
-        saved = aligned_empty(self.ws.saved_bytes(t))
-        self.ws.recompute(t, _addr(a["x"]), _addr(a["topk_ids"]), _addr(a["topk_weights"]),
-                          _wptrs(a), saved.ctypes.data)
-        return saved
+        def run():
+            where = "Layer.recompute"
+            t, dims, a = _inputs(where, x, topk_ids, topk_weights,
+                                 (w_gate, w_up, w_down, ws_gate, ws_up, ws_down), ep=self.ep)
+            _workspace(self.ws, where, dims, t)
+            _need_tokens(where, t, self.ep)
+            saved = aligned_empty(self.ws.saved_bytes(t))
+            self.ws.recompute(t, _addr(a["x"]), _addr(a["topk_ids"]), _addr(a["topk_weights"]),
+                              _wptrs(a), saved.ctypes.data)
+            return saved
+        return self._call(run)
 
     def backward(self, dy, x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate=None,
                  ws_up=None, ws_down=None, *, saved, grad_mode="bf16", main_grads=None):
         """As mok.backward, on this Layer's workspace."""
-        return _backward(self.ws, "Layer.backward", dy, x, topk_ids, topk_weights,
-                         (w_gate, w_up, w_down, ws_gate, ws_up, ws_down), saved, grad_mode,
-                         main_grads)
+        return self._call(lambda: _backward(
+            self.ws, "Layer.backward", dy, x, topk_ids, topk_weights,
+            (w_gate, w_up, w_down, ws_gate, ws_up, ws_down), saved, grad_mode, main_grads,
+            self.ep))
 
     def schedule_counts(self, saved, tokens):
         """Routed rows per expert, from the schedule in `saved`."""
@@ -119,8 +146,15 @@ def _workspace(ws, where, dims, t):
     return ws
 
 
-def _forward(ws, where, x, topk_ids, topk_weights, weights, check_ids):
-    t, dims, a = _inputs(where, x, topk_ids, topk_weights, weights, check_ids=check_ids)
+def _need_tokens(where, t, ep):
+    if t == 0 and ep > 1:
+        raise ValueError(f"{where}: T = 0; every rank of an EP group takes part in each call "
+                         f"with at least one token")
+
+
+def _forward(ws, where, x, topk_ids, topk_weights, weights, check_ids, ep=1):
+    t, dims, a = _inputs(where, x, topk_ids, topk_weights, weights, check_ids=check_ids, ep=ep)
+    _need_tokens(where, t, ep)
     y = np.empty((t, dims.hidden), dtype=np.uint16)
     if t == 0:
         return y, aligned_empty(0)
@@ -131,8 +165,10 @@ def _forward(ws, where, x, topk_ids, topk_weights, weights, check_ids):
     return y, saved
 
 
-def _backward(ws, where, dy, x, topk_ids, topk_weights, weights, saved, grad_mode, main_grads):
-    t, dims, a = _inputs(where, x, topk_ids, topk_weights, weights, dy=dy)
+def _backward(ws, where, dy, x, topk_ids, topk_weights, weights, saved, grad_mode, main_grads,
+              ep=1):
+    t, dims, a = _inputs(where, x, topk_ids, topk_weights, weights, dy=dy, ep=ep)
+    _need_tokens(where, t, ep)
     if grad_mode == "f32":
         if main_grads is None or len(main_grads) != 6:
             raise ValueError(f"{where}: grad_mode 'f32' needs main_grads: six float32 arrays "

@@ -15,9 +15,10 @@ def _expect(where, name, shape, want, letters):
 
 
 def layer_dims(where, x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate=None, ws_up=None,
-               ws_down=None, dy=None):
+               ws_down=None, dy=None, ep=1):
     """Checks the shapes (tuples; None for an absent shared-expert tensor) against each other and
-    returns (T, Dims). T, H come from x; k from topk_ids; E, I from w_gate; I_s from ws_gate."""
+    returns (T, Dims). T, H come from x; k from topk_ids; I from w_gate; E is w_gate's experts
+    times ep (a rank of an EP group holds E / ep of them); I_s from ws_gate."""
     if len(x) != 2:
         raise ValueError(f"{where}: x has shape {tuple(x)}; expected 2 dims (T, H)")
     t, h = x
@@ -53,6 +54,7 @@ def layer_dims(where, x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate=N
     for name, v in (("H", h), ("I", i), ("E", e)):
         if v < 1:
             raise ValueError(f"{where}: {name} is {v}; expected >= 1")
+    e *= ep
     if not 1 <= k <= e:
         raise ValueError(f"{where}: topk_ids has k = {k} columns; expected 1..E ({e})")
     return t, Dims(h, i, i_s, e, k)

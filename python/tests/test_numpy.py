@@ -205,3 +205,82 @@ def test_expert_id_out_of_range_reported_by_the_library():
 def test_cuda_backend_without_gpu():
     with pytest.raises(mok.MokUnsupported, match="no CUDA device"):
         mok.Context("cuda")
+
+
+# ---- expert parallelism, emulated ranks (DESIGN.md §2.3) ----------------------------------------
+def _ep_ranks(L, ep, group, max_tokens, **kw):
+    """One mok.Layer per rank; rank r holds experts r*E/ep.. and tokens r*T/ep.."""
+    t, h = L["x"].shape
+    e, i = L["w_gate"].shape[:2]
+    k = L["topk_ids"].shape[1]
+    i_s = 0 if L["ws_gate"] is None else L["ws_gate"].shape[0]
+    layers = [mok.Layer(h, i, e, k, i_s, max_tokens=max_tokens, threads=1, group=group, rank=r)
+              for r in range(ep)]
+
+    def rank_inputs(r):
+        tok, ex = slice(r * t // ep, (r + 1) * t // ep), slice(r * e // ep, (r + 1) * e // ep)
+        return dict(x=L["x"][tok], topk_ids=L["topk_ids"][tok], topk_weights=L["topk_weights"][tok],
+                    w_gate=L["w_gate"][ex], w_up=L["w_up"][ex], w_down=L["w_down"][ex],
+                    ws_gate=L["ws_gate"], ws_up=L["ws_up"], ws_down=L["ws_down"]), L["dy"][tok]
+    return layers, rank_inputs
+
+
+def _on_threads(fns):
+    """Runs each fn on its own thread; returns their results or raised exceptions."""
+    import threading
+    out = [None] * len(fns)
+
+    def run(j):
+        try:
+            out[j] = fns[j]()
+        except Exception as e:  # noqa: BLE001 - the test looks at it
+            out[j] = e
+    th = [threading.Thread(target=run, args=(j,)) for j in range(len(fns))]
+    for x in th:
+        x.start()
+    for x in th:
+        x.join()
+    return out
+
+
+@pytest.mark.parametrize("ep", [2, 4])
+def test_ep_emulated_same_bits_as_one_rank(ep):
+    L = make_layer(64, 64, 64, 8, 2, 64, seed=5)
+    y1, g1 = run(L)
+    group = mok.EPGroup(ep)
+    layers, rank_inputs = _ep_ranks(L, ep, group, 64 // ep)
+
+    def rank(r):
+        a, dy = rank_inputs(r)
+        y, saved = layers[r].forward(**a)
+        return y, layers[r].backward(dy, **a, saved=saved)
+    res = _on_threads([lambda r=r: rank(r) for r in range(ep)])
+    for r, got in enumerate(res):
+        assert not isinstance(got, Exception), got
+        y, g = got
+        tok, ex = slice(r * 64 // ep, (r + 1) * 64 // ep), slice(r * 8 // ep, (r + 1) * 8 // ep)
+        assert np.array_equal(y, y1[tok]), r
+        assert np.array_equal(g.dx, g1.dx[tok]), r
+        assert np.array_equal(g.d_topk_weights, g1.d_topk_weights[tok]), r
+        for n in ("dw_gate", "dw_up", "dw_down"):
+            assert np.array_equal(getattr(g, n), getattr(g1, n)[ex]), (r, n)
+    del layers
+
+
+def test_ep_mistake_on_one_rank_fails_every_rank_at_once():
+    import time
+    L = make_layer(32, 64, 64, 4, 2, 0, seed=6)
+    group = mok.EPGroup(2, timeout_ms=20000)
+    layers, rank_inputs = _ep_ranks(L, 2, group, 16)
+    a0, _ = rank_inputs(0)
+    a1, _ = rank_inputs(1)
+    a1["x"] = np.ascontiguousarray(a1["x"][:, :32])  # a shape mistake, found in Python
+    t0 = time.perf_counter()
+    res = _on_threads([lambda: layers[0].forward(**a0), lambda: layers[1].forward(**a1)])
+    assert time.perf_counter() - t0 < 5, "the healthy rank waited for a timeout"
+    assert isinstance(res[1], ValueError) and "H from x" in str(res[1]), res[1]
+    assert isinstance(res[0], mok.MokInvalidArgument) and "another rank" in str(res[0]), res[0]
+    # The group still works.
+    a1, _ = rank_inputs(1)
+    res = _on_threads([lambda: layers[0].forward(**a0), lambda: layers[1].forward(**a1)])
+    assert not any(isinstance(x, Exception) for x in res), res
