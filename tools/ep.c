@@ -1,9 +1,12 @@
 /*
- * ep.c: `mok run --ep R` (CPU backend): the shape's T tokens on each of R emulated ranks of an EP
- * group, a global batch of R*T tokens, then the same batch on one rank; prints both times and
- * whether every output has the same bits on both (DESIGN §3, D4): y, dx and d_topk_weights of
- * every token, and the routed weight gradients of every expert. The shared expert's gradients are
- * per-rank partial sums (DESIGN §2.3) and are not compared.
+ * ep.c: the mok command on R emulated ranks of an EP group (CPU backend), each with the shape's T
+ * tokens (a global batch of R*T) and a thread of its own.
+ *   mok run --ep R:   then the same batch on one rank; prints both times and whether every output
+ *                     has the same bits on both (DESIGN §3, D4): y, dx and d_topk_weights of every
+ *                     token, and the routed weight gradients of every expert. The shared expert's
+ *                     gradients are per-rank partial sums (DESIGN §2.3) and are not compared.
+ *   mok bench --ep R: forward and backward timed apart (wall clock from the first rank's start
+ *                     to the last rank's end), and whether the last run repeats the first's bits.
  */
 #include <pthread.h>
 #include <stdio.h>
@@ -91,6 +94,119 @@ static void *rank_main(void *p) {
   u->st = mok_forward(u->ws, &u->f, NULL);
   if (u->st == MOK_OK) u->st = mok_backward(u->ws, &u->b, NULL);
   return NULL;
+}
+
+static void *rank_forward(void *p) {
+  ep_rank *u = p;
+  u->st = mok_forward(u->ws, &u->f, NULL);
+  return NULL;
+}
+
+static void *rank_backward(void *p) {
+  ep_rank *u = p;
+  for (int i = EP_GATE; i < EP_COUNT; i++) /* f32 main grads start from zero every time */
+    if (u->b.grad_mode == MOK_GRAD_ACCUMULATE_F32 && u->out[i]) memset(u->out[i], 0, u->bytes[i]);
+  u->st = mok_backward(u->ws, &u->b, NULL);
+  return NULL;
+}
+
+/* Every rank runs fn on its own thread; returns the wall seconds, or -1 if a rank failed. */
+static double all_ranks(ep_rank *ranks, int R, void *(*fn)(void *)) {
+  pthread_t th[MOK_EP_MAX];
+  const double t0 = tool_seconds();
+  for (int r = 0; r < R; r++) pthread_create(&th[r], NULL, fn, &ranks[r]);
+  for (int r = 0; r < R; r++) pthread_join(th[r], NULL);
+  const double t = tool_seconds() - t0;
+  for (int r = 0; r < R; r++)
+    if (ranks[r].st != MOK_OK) {
+      tool_error("rank %d: %s: %s", r, mok_status_name(ranks[r].st), mok_last_error());
+      return -1;
+    }
+  return t;
+}
+
+static int compare_doubles(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+static void print_times(const char *name, double *ms, int n, double flops) {
+  qsort(ms, (size_t)n, sizeof *ms, compare_doubles);
+  const double med = n % 2 ? ms[n / 2] : 0.5 * (ms[n / 2 - 1] + ms[n / 2]);
+  printf("  %-9s %12.3f %12.3f %12.3f %10.3f\n", name, med, ms[0], ms[n - 1],
+         flops / (med * 1e-3) / 1e12);
+}
+
+int tool_bench_ep(const cli_options *o) {
+  const int R = o->ep, n = o->repeat;
+  const int64_t T = o->shape.max_tokens;
+  mok_shape gs = o->shape;
+  gs.max_tokens = T * R;
+  mok_host_layer L = {0};
+  mok_ep_group *g = NULL;
+  ep_rank *ranks = calloc((size_t)R, sizeof *ranks);
+  void **ref = calloc((size_t)R * EP_COUNT, sizeof *ref);
+  double *fwd = calloc(2 * (size_t)n, sizeof *fwd), *bwd = fwd ? fwd + n : NULL;
+  int rc = 1;
+  double t0 = tool_step("inputs of the global batch (%d ranks x %lld tokens)", R, (long long)T);
+  mok_status st = mok_host_layer_create(&gs, T * R, o->seed, &L);
+  if (!ranks || !ref || !fwd || st != MOK_OK) {
+    tool_error("setting up: %s", st != MOK_OK ? mok_last_error() : "no host memory");
+    goto done;
+  }
+  tool_done(t0);
+  st = mok_ep_group_create_emulated(R, 0, &g);
+  if (st != MOK_OK) {
+    tool_mok_error("mok_ep_group_create_emulated", st);
+    goto done;
+  }
+  for (int r = 0; r < R; r++)
+    if (rank_init(&ranks[r], &L, o, r, R, g, T)) goto done;
+
+  t0 = tool_step("reference run and %d warm-up runs", o->warmup);
+  if (all_ranks(ranks, R, rank_forward) < 0 || all_ranks(ranks, R, rank_backward) < 0) goto done;
+  for (int r = 0; r < R; r++)
+    for (int i = 0; i < EP_COUNT; i++)
+      if (ranks[r].bytes[i]) {
+        if (!(ref[r * EP_COUNT + i] = malloc(ranks[r].bytes[i]))) goto done;
+        memcpy(ref[r * EP_COUNT + i], ranks[r].out[i], ranks[r].bytes[i]);
+      }
+  for (int w = 0; w < o->warmup; w++)
+    if (all_ranks(ranks, R, rank_forward) < 0 || all_ranks(ranks, R, rank_backward) < 0)
+      goto done;
+  tool_done(t0);
+  t0 = tool_step("%d timed runs", n);
+  for (int i = 0; i < n; i++) {
+    if ((fwd[i] = 1e3 * all_ranks(ranks, R, rank_forward)) < 0) goto done;
+    if ((bwd[i] = 1e3 * all_ranks(ranks, R, rank_backward)) < 0) goto done;
+  }
+  tool_done(t0);
+  const double flops = cli_forward_flops(&gs, T * R);
+  printf("  %d timed runs on %d ranks (wall clock, first start to last end), global batch of "
+         "%lld tokens\n", n, R, (long long)(T * R));
+  printf("  %-9s %12s %12s %12s %10s\n", "", "median ms", "min ms", "max ms", "TFLOP/s");
+  print_times("forward", fwd, n, flops);
+  print_times("backward", bwd, n, 2 * flops);
+  int identical = 1;
+  for (int r = 0; r < R; r++)
+    for (int i = 0; i < EP_COUNT; i++)
+      if (ranks[r].bytes[i] && memcmp(ref[r * EP_COUNT + i], ranks[r].out[i], ranks[r].bytes[i])) {
+        printf("  repeated bits: %s of rank %d differs\n", ep_names[i], r);
+        identical = 0;
+      }
+  if (identical) printf("  repeated bits: identical (every output of every rank, last timed run = "
+                        "the reference run)\n");
+  printf("bench --ep %d: %s\n", R, identical ? "PASS" : "FAIL");
+  rc = !identical;
+done:
+  for (int r = 0; ranks && r < R; r++) rank_fini(&ranks[r]);
+  for (int i = 0; ref && i < R * EP_COUNT; i++) free(ref[i]);
+  free(ref);
+  free(ranks);
+  free(fwd);
+  mok_ep_group_destroy(g);
+  mok_host_layer_destroy(&L);
+  return rc;
 }
 
 int tool_run_ep(const cli_options *o) {

@@ -72,7 +72,9 @@ void tool_digests(const tool_layer *L, cli_digest d[OUT_COUNT]);
  * outputs with mok_ref64_*; prints a table; returns the number of tensors over o->tol. */
 int tool_check_ref(const tool_layer *L);
 
-/* ep.c: `mok run --ep R` on the CPU backend: R emulated ranks against one, bit for bit. */
+/* ep.c: `mok run --ep R` on the CPU backend: R emulated ranks against one, bit for bit;
+ * `mok bench --ep R`: R emulated ranks timed. */
 int tool_run_ep(const cli_options *o);
+int tool_bench_ep(const cli_options *o);
 
 #endif

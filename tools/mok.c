@@ -63,6 +63,10 @@ static void layer_options_help(void) {
       "                    every backend (default 1)\n"
       "  --grad-mode M     bf16: weight gradients written as bf16; f32: added to fp32 main-grad\n"
       "                    buffers, which mok zeroes before each backward (default bf16)\n"
+      "  --ep R            R emulated expert-parallel ranks (CPU backend, a thread each), T\n"
+      "                    tokens and E/R experts each: run compares every output with one rank\n"
+      "                    running all R*T tokens, bit for bit (instead of the float64 check);\n"
+      "                    bench times the R ranks together (default 1)\n"
       "\n"
       "Inputs: x, dy ~ N(0,1); weights ~ N(0,1)/sqrt(fan-in); routing = top-k of a softmax of\n"
       "Gaussian logits. FLOPs (DESIGN.md section 7): forward 6*T*k*H*I + 6*T*H*I_s, backward\n"
@@ -93,10 +97,7 @@ static void command_help(cli_command c) {
         "                    float64 work stays under %.0e multiply-adds, at least 1; a row\n"
         "                    sums over every token routed to its expert)\n"
         "  --tol X           largest relative L2 error ||got - ref|| / ||ref|| that passes\n"
-        "                    (default 1e-2)\n"
-        "  --ep R            instead: T tokens on each of R emulated expert-parallel ranks\n"
-        "                    (CPU backend, a thread each), then the R*T tokens on one rank, and\n"
-        "                    whether every output has the same bits (default 1: off)\n\n",
+        "                    (default 1e-2)\n\n",
         CLI_CHECK_ROWS, CLI_CHECK_BUDGET);
     layer_options_help();
     printf("\nexamples:\n"
@@ -326,6 +327,10 @@ static int write_json(const cli_options *o, stats f, stats b, const double *fv,
 }
 
 static int cmd_bench(const cli_options *o) {
+  if (o->ep > 1) {
+    print_header("bench", o);
+    return tool_bench_ep(o);
+  }
   tool_layer L;
   cli_digest ref[OUT_COUNT], last[OUT_COUNT];
   double *fv = calloc(3 * (size_t)o->repeat, sizeof *fv); /* forward, backward ms, scratch */
