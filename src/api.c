@@ -185,14 +185,25 @@ static mok_status check_weights(const mok_workspace *ws, const mok_weights *w) {
   return MOK_OK;
 }
 
-static mok_status check_forward(const mok_workspace *ws, const mok_forward_args *a, int need_y) {
+static mok_status check_call(const mok_workspace *ws, const void *args) {
   CHECK_ARG(ws != NULL, "ws is NULL; create one with mok_workspace_create");
-  CHECK_ARG(a != NULL, "args is NULL");
-  TRY(check_tokens(ws, a->tokens));
-  CHECK_TENSOR(a->x, "x");
-  CHECK_TENSOR(a->topk_ids, "topk_ids");
-  CHECK_TENSOR(a->topk_weights, "topk_weights");
-  TRY(check_weights(ws, &a->w));
+  CHECK_ARG(args != NULL, "args is NULL");
+  return MOK_OK;
+}
+
+/* The inputs forward and backward share: tokens, x, routing, weights. */
+static mok_status check_inputs(const mok_workspace *ws, int64_t tokens, const void *x,
+                               const int32_t *ids, const float *tw, const mok_weights *w) {
+  TRY(check_tokens(ws, tokens));
+  CHECK_TENSOR(x, "x");
+  CHECK_TENSOR(ids, "topk_ids");
+  CHECK_TENSOR(tw, "topk_weights");
+  return check_weights(ws, w);
+}
+
+static mok_status check_forward(const mok_workspace *ws, const mok_forward_args *a, int need_y) {
+  TRY(check_call(ws, a));
+  TRY(check_inputs(ws, a->tokens, a->x, a->topk_ids, a->topk_weights, &a->w));
   if (need_y) CHECK_TENSOR(a->y, "y");
   return check_saved(a->saved);
 }
@@ -210,8 +221,7 @@ static mok_status refuse_with_peers(mok_workspace *ws, mok_status st) {
 }
 
 static mok_status check_schedule(const mok_workspace *ws, const mok_forward_args *a) {
-  CHECK_ARG(ws != NULL, "ws is NULL; create one with mok_workspace_create");
-  CHECK_ARG(a != NULL, "args is NULL");
+  TRY(check_call(ws, a));
   TRY(check_tokens(ws, a->tokens));
   CHECK_TENSOR(a->topk_ids, "topk_ids");
   CHECK_TENSOR(a->topk_weights, "topk_weights");
@@ -234,13 +244,8 @@ mok_status mok_recompute(mok_workspace *ws, const mok_forward_args *a, void *str
 }
 
 static mok_status check_backward(const mok_workspace *ws, const mok_backward_args *a) {
-  CHECK_ARG(ws != NULL, "ws is NULL; create one with mok_workspace_create");
-  CHECK_ARG(a != NULL, "args is NULL");
-  TRY(check_tokens(ws, a->tokens));
-  CHECK_TENSOR(a->x, "x");
-  CHECK_TENSOR(a->topk_ids, "topk_ids");
-  CHECK_TENSOR(a->topk_weights, "topk_weights");
-  TRY(check_weights(ws, &a->w));
+  TRY(check_call(ws, a));
+  TRY(check_inputs(ws, a->tokens, a->x, a->topk_ids, a->topk_weights, &a->w));
   TRY(check_saved(a->saved));
   CHECK_TENSOR(a->dy, "dy");
   CHECK_TENSOR(a->dx, "dx");

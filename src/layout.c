@@ -13,7 +13,8 @@ static int64_t rows_capacity(const mok_workspace *ws, int64_t tokens) {
   const int64_t rows = (ep == 1 ? tokens : ws->shape.max_tokens) * ws->shape.top_k * ep;
   const int64_t pads = mok_min64(ws->experts_local, rows) * (MOK_TILE_M - 1);
   int64_t cap = mok_round_up(rows + pads, MOK_TILE_M);
-  if (ws->shape.routed_rows > 0) cap = mok_min64(cap, mok_round_up(ws->shape.routed_rows, MOK_TILE_M));
+  if (ws->shape.routed_rows > 0)
+    cap = mok_min64(cap, mok_round_up(ws->shape.routed_rows, MOK_TILE_M));
   return cap;
 }
 

@@ -125,6 +125,43 @@ static double all_ranks(ep_rank *ranks, int R, void *(*fn)(void *)) {
   return t;
 }
 
+/* The global batch and its R ranks. */
+typedef struct ep_world {
+  int R;
+  int64_t T;          /* tokens per rank */
+  mok_host_layer L;   /* R*T tokens, every expert */
+  mok_ep_group *g;
+  ep_rank *ranks;     /* [R] */
+} ep_world;
+
+static void world_fini(ep_world *w) {
+  for (int r = 0; w->ranks && r < w->R; r++) rank_fini(&w->ranks[r]);
+  free(w->ranks);
+  mok_ep_group_destroy(w->g);
+  mok_host_layer_destroy(&w->L);
+}
+
+static int world_init(ep_world *w, const cli_options *o) {
+  memset(w, 0, sizeof *w);
+  w->R = o->ep, w->T = o->shape.max_tokens;
+  mok_shape gs = o->shape;
+  gs.max_tokens = w->T * w->R;
+  double t0 = tool_step("inputs of the global batch (%d ranks x %lld tokens)", w->R,
+                        (long long)w->T);
+  mok_status st = mok_host_layer_create(&gs, w->T * w->R, o->seed, &w->L);
+  if (st != MOK_OK) return tool_mok_error("mok_host_layer_create", st);
+  tool_done(t0);
+  st = mok_ep_group_create_emulated(w->R, 0, &w->g);
+  if (st != MOK_OK) return tool_mok_error("mok_ep_group_create_emulated", st);
+  if (!(w->ranks = calloc((size_t)w->R, sizeof *w->ranks))) {
+    tool_error("no host memory for %d ranks", w->R);
+    return 1;
+  }
+  for (int r = 0; r < w->R; r++)
+    if (rank_init(&w->ranks[r], &w->L, o, r, w->R, w->g, w->T)) return 1;
+  return 0;
+}
+
 static int compare_doubles(const void *a, const void *b) {
   double x = *(const double *)a, y = *(const double *)b;
   return (x > y) - (x < y);
@@ -139,30 +176,17 @@ static void print_times(const char *name, double *ms, int n, double flops) {
 
 int tool_bench_ep(const cli_options *o) {
   const int R = o->ep, n = o->repeat;
-  const int64_t T = o->shape.max_tokens;
-  mok_shape gs = o->shape;
-  gs.max_tokens = T * R;
-  mok_host_layer L = {0};
-  mok_ep_group *g = NULL;
-  ep_rank *ranks = calloc((size_t)R, sizeof *ranks);
+  ep_world w;
   void **ref = calloc((size_t)R * EP_COUNT, sizeof *ref);
   double *fwd = calloc(2 * (size_t)n, sizeof *fwd), *bwd = fwd ? fwd + n : NULL;
   int rc = 1;
-  double t0 = tool_step("inputs of the global batch (%d ranks x %lld tokens)", R, (long long)T);
-  mok_status st = mok_host_layer_create(&gs, T * R, o->seed, &L);
-  if (!ranks || !ref || !fwd || st != MOK_OK) {
-    tool_error("setting up: %s", st != MOK_OK ? mok_last_error() : "no host memory");
+  double t0;
+  if (world_init(&w, o)) goto done;
+  ep_rank *ranks = w.ranks;
+  if (!ref || !fwd) {
+    tool_error("no host memory for the timings");
     goto done;
   }
-  tool_done(t0);
-  st = mok_ep_group_create_emulated(R, 0, &g);
-  if (st != MOK_OK) {
-    tool_mok_error("mok_ep_group_create_emulated", st);
-    goto done;
-  }
-  for (int r = 0; r < R; r++)
-    if (rank_init(&ranks[r], &L, o, r, R, g, T)) goto done;
-
   t0 = tool_step("reference run and %d warm-up runs", o->warmup);
   if (all_ranks(ranks, R, rank_forward) < 0 || all_ranks(ranks, R, rank_backward) < 0) goto done;
   for (int r = 0; r < R; r++)
@@ -181,9 +205,9 @@ int tool_bench_ep(const cli_options *o) {
     if ((bwd[i] = 1e3 * all_ranks(ranks, R, rank_backward)) < 0) goto done;
   }
   tool_done(t0);
-  const double flops = cli_forward_flops(&gs, T * R);
+  const double flops = cli_forward_flops(&w.L.shape, w.L.tokens);
   printf("  %d timed runs on %d ranks (wall clock, first start to last end), global batch of "
-         "%lld tokens\n", n, R, (long long)(T * R));
+         "%lld tokens\n", n, R, (long long)w.L.tokens);
   printf("  %-9s %12s %12s %12s %10s\n", "", "median ms", "min ms", "max ms", "TFLOP/s");
   print_times("forward", fwd, n, flops);
   print_times("backward", bwd, n, 2 * flops);
@@ -199,53 +223,25 @@ int tool_bench_ep(const cli_options *o) {
   printf("bench --ep %d: %s\n", R, identical ? "PASS" : "FAIL");
   rc = !identical;
 done:
-  for (int r = 0; ranks && r < R; r++) rank_fini(&ranks[r]);
   for (int i = 0; ref && i < R * EP_COUNT; i++) free(ref[i]);
   free(ref);
-  free(ranks);
   free(fwd);
-  mok_ep_group_destroy(g);
-  mok_host_layer_destroy(&L);
+  world_fini(&w);
   return rc;
 }
 
 int tool_run_ep(const cli_options *o) {
   const int R = o->ep;
-  const int64_t T = o->shape.max_tokens;
-  mok_shape gs = o->shape;
-  gs.max_tokens = T * R;
-  mok_host_layer L = {0};
-  mok_ep_group *g = NULL;
-  ep_rank one, *ranks = calloc((size_t)R, sizeof *ranks);
+  ep_world w;
+  ep_rank one;
   int rc = 1, failed = 0;
   memset(&one, 0, sizeof one);
-  double t0 = tool_step("inputs of the global batch (%d ranks x %lld tokens)", R, (long long)T);
-  mok_status st = mok_host_layer_create(&gs, T * R, o->seed, &L);
-  if (!ranks || st != MOK_OK) {
-    tool_mok_error("mok_host_layer_create", st);
-    goto done;
-  }
+  if (world_init(&w, o)) goto done;
+  if (rank_init(&one, &w.L, o, 0, 1, NULL, w.T * R)) goto done;
+  double t0 = tool_step("forward and backward on %d ranks, a thread each", R);
+  const double t_ep = all_ranks(w.ranks, R, rank_main);
+  if (t_ep < 0) goto done;
   tool_done(t0);
-  st = mok_ep_group_create_emulated(R, 0, &g);
-  if (st != MOK_OK) {
-    tool_mok_error("mok_ep_group_create_emulated", st);
-    goto done;
-  }
-  for (int r = 0; r < R; r++)
-    if (rank_init(&ranks[r], &L, o, r, R, g, T)) goto done;
-  if (rank_init(&one, &L, o, 0, 1, NULL, T * R)) goto done;
-
-  t0 = tool_step("forward and backward on %d ranks, a thread each", R);
-  pthread_t th[MOK_EP_MAX];
-  for (int r = 0; r < R; r++) pthread_create(&th[r], NULL, rank_main, &ranks[r]);
-  for (int r = 0; r < R; r++) pthread_join(th[r], NULL);
-  const double t_ep = tool_seconds() - t0;
-  tool_done(t0);
-  for (int r = 0; r < R; r++)
-    if (ranks[r].st != MOK_OK) {
-      tool_error("rank %d: %s: %s", r, mok_status_name(ranks[r].st), mok_last_error());
-      goto done;
-    }
   t0 = tool_step("the same batch on one rank");
   rank_main(&one);
   const double t_one = tool_seconds() - t0;
@@ -264,19 +260,18 @@ int tool_run_ep(const cli_options *o) {
       continue;
     }
     int same = 1;
-    for (int r = 0; r < R; r++) /* rank r's slice: tokens r T.. or experts r E/R.. */
-      same = same && memcmp(ranks[r].out[i], (char *)one.out[i] + (size_t)r * ranks[r].bytes[i],
-                            ranks[r].bytes[i]) == 0;
+    for (int r = 0; r < R; r++) { /* rank r's slice: tokens r T.. or experts r E/R.. */
+      const ep_rank *u = &w.ranks[r];
+      same = same &&
+             memcmp(u->out[i], (char *)one.out[i] + (size_t)r * u->bytes[i], u->bytes[i]) == 0;
+    }
     printf("  %-16s %s\n", ep_names[i], same ? "identical" : "DIFFER");
     failed += !same;
   }
   printf("\nrun --ep %d: %s\n", R, failed ? "FAIL" : "PASS");
   rc = failed != 0;
 done:
-  for (int r = 0; ranks && r < R; r++) rank_fini(&ranks[r]);
   rank_fini(&one);
-  free(ranks);
-  mok_ep_group_destroy(g);
-  mok_host_layer_destroy(&L);
+  world_fini(&w);
   return rc;
 }

@@ -343,6 +343,32 @@ static void batch_subsets(void) {
 
 /* A bad expert id: the calls queue fine, mok_check reports it, every output is untouched; the
  * backward on that saved buffer is reported again; the next good call works. */
+/* Forward then backward of d, which must fail on the device with `want` (reported by mok_check
+ * after each), leaving every output as poisoned (compared with `poison`, read back into `out`). */
+static void failing_call_untouched(gpu_layer *d, harness *out, const harness *poison,
+                                   mok_status want, const char *what) {
+  gpu_poison(d, 0xa5);
+  mok_forward_args f = gpu_forward_args(d);
+  CHECK_OK(mok_forward(d->ws, &f, 0));
+  mok_status st = mok_check(d->ws, 0);
+  CHECK(st == want, "%s: forward: mok_check gave %s", what, mok_status_name(st));
+  mok_backward_args b = gpu_backward_args(d, MOK_GRAD_WRITE_BF16);
+  CHECK_OK(mok_backward(d->ws, &b, 0));
+  st = mok_check(d->ws, 0);
+  CHECK(st == want, "%s: backward after it: mok_check gave %s", what, mok_status_name(st));
+  gpu_fetch(d, out);
+  compare_bits("outputs untouched", out, poison, MOK_GRAD_WRITE_BF16);
+}
+
+/* After a failed call, a good one on the same workspace (ids from h) runs normally. */
+static void good_call_after(gpu_layer *d, const harness *h, harness *out, int64_t T, int k) {
+  CUDA_CHECK(cudaMemcpy(d->ids, h->L.topk_ids, (size_t)(T * k) * 4, cudaMemcpyHostToDevice));
+  CHECK_OK(gpu_run(d, MOK_GRAD_WRITE_BF16, 0));
+  CHECK_OK(mok_check(d->ws, 0));
+  gpu_fetch(d, out);
+  CHECK(nan_count_bf16(out->y, T * h->L.shape.hidden) == 0, "the good call left y unwritten");
+}
+
 static void bad_expert_id(void) {
   mok_shape s = shape_of(200, 128, 128, 64, 8, 2);
   harness h, out, poison;
@@ -354,26 +380,9 @@ static void bad_expert_id(void) {
       h.L.topk_ids[17] = bad[v];
       gpu_layer d;
       if (gpu_init(&d, &h, 200, 0)) {
-        gpu_poison(&d, 0xa5);
-        mok_forward_args f = gpu_forward_args(&d);
-        CHECK_OK(mok_forward(d.ws, &f, 0));
-        mok_status st = mok_check(d.ws, 0);
-        CHECK(st == MOK_ERR_EXPERT_ID, "forward with id %d: mok_check gave %s", bad[v],
-              mok_status_name(st));
-        mok_backward_args b = gpu_backward_args(&d, MOK_GRAD_WRITE_BF16);
-        CHECK_OK(mok_backward(d.ws, &b, 0));
-        st = mok_check(d.ws, 0);
-        CHECK(st == MOK_ERR_EXPERT_ID, "backward after bad id %d: mok_check gave %s", bad[v],
-              mok_status_name(st));
-        gpu_fetch(&d, &out);
-        compare_bits("outputs untouched", &out, &poison, MOK_GRAD_WRITE_BF16);
-        /* The next good call runs normally. */
+        failing_call_untouched(&d, &out, &poison, MOK_ERR_EXPERT_ID, "a bad id");
         h.L.topk_ids[17] = 1;
-        CUDA_CHECK(cudaMemcpy(d.ids, h.L.topk_ids, (size_t)(200 * 2) * 4, cudaMemcpyHostToDevice));
-        CHECK_OK(gpu_run(&d, MOK_GRAD_WRITE_BF16, 0));
-        CHECK_OK(mok_check(d.ws, 0));
-        gpu_fetch(&d, &out);
-        CHECK(nan_count_bf16(out.y, 200 * 128) == 0, "good call after a bad one left y unwritten");
+        good_call_after(&d, &h, &out, 200, 2);
       }
       gpu_fini(&d);
     }
@@ -396,25 +405,10 @@ static void capacity_overflow_untouched(void) {
      * more rows with padding, against 640. */
     gpu_layer d;
     if (gpu_init(&d, &h, 200, 0)) {
-      gpu_poison(&d, 0xa5);
-      mok_forward_args f = gpu_forward_args(&d);
-      CHECK_OK(mok_forward(d.ws, &f, 0));
-      mok_status st = mok_check(d.ws, 0);
-      CHECK(st == MOK_ERR_CAPACITY, "forward over capacity: mok_check gave %s", mok_status_name(st));
-      mok_backward_args b = gpu_backward_args(&d, MOK_GRAD_WRITE_BF16);
-      CHECK_OK(mok_backward(d.ws, &b, 0));
-      st = mok_check(d.ws, 0);
-      CHECK(st == MOK_ERR_CAPACITY, "backward after overflow: mok_check gave %s",
-            mok_status_name(st));
-      gpu_fetch(&d, &out);
-      compare_bits("outputs untouched", &out, &poison, MOK_GRAD_WRITE_BF16);
+      failing_call_untouched(&d, &out, &poison, MOK_ERR_CAPACITY, "over capacity");
       /* Every token to experts 0 and 1: 2 x 200 rows, 512 with padding, fit. */
       for (int t = 0; t < 200; t++) h.L.topk_ids[2 * t] = 0, h.L.topk_ids[2 * t + 1] = 1;
-      CUDA_CHECK(cudaMemcpy(d.ids, h.L.topk_ids, (size_t)(200 * 2) * 4, cudaMemcpyHostToDevice));
-      CHECK_OK(gpu_run(&d, MOK_GRAD_WRITE_BF16, 0));
-      CHECK_OK(mok_check(d.ws, 0));
-      gpu_fetch(&d, &out);
-      CHECK(nan_count_bf16(out.y, 200 * 128) == 0, "a call that fits left y unwritten");
+      good_call_after(&d, &h, &out, 200, 2);
     }
     gpu_fini(&d);
   }
