@@ -85,7 +85,9 @@ const char *mok_last_error(void);
  * group stays failed. CPU backend for now; 1 <= ranks <= MOK_EP_MAX. */
 #define MOK_EP_MAX 64
 mok_status mok_ep_group_create_emulated(int ranks, int timeout_ms, mok_ep_group **out);
-void mok_ep_group_destroy(mok_ep_group *g); /* after every context using it; accepts NULL */
+/* Destroy calls of groups, contexts and workspaces may come in any order: a context holds its
+ * group and a workspace its context, and each is freed when the last holder is gone. */
+void mok_ep_group_destroy(mok_ep_group *g); /* accepts NULL */
 
 /* ---- context: backend, device, EP group ----------------------------------------------------- */
 typedef struct mok_context_config {

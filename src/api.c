@@ -59,6 +59,7 @@ mok_status mok_context_create(const mok_context_config *cfg, mok_context **out) 
   }
   mok_context *ctx = calloc(1, sizeof *ctx);
   if (!ctx) return mok_fail(MOK_ERR_OUT_OF_MEMORY, "no host memory for a context");
+  ctx->refs = 1;
   ctx->cfg = *cfg;
   ctx->ops = ops;
   mok_status st = ops->context_init(ctx);
@@ -66,12 +67,19 @@ mok_status mok_context_create(const mok_context_config *cfg, mok_context **out) 
     free(ctx);
     return st;
   }
+  mok_group_retain(cfg->group);
   mok_clear_error();
   *out = ctx;
   return MOK_OK;
 }
 
-void mok_context_destroy(mok_context *ctx) { free(ctx); }
+static void context_release(mok_context *ctx) {
+  if (!ctx || __atomic_sub_fetch(&ctx->refs, 1, __ATOMIC_ACQ_REL) != 0) return;
+  mok_group_release(ctx->cfg.group);
+  free(ctx);
+}
+
+void mok_context_destroy(mok_context *ctx) { context_release(ctx); }
 
 static mok_status check_shape(const mok_context *ctx, const mok_shape *s) {
   const int64_t big = (int64_t)1 << 20;
@@ -126,6 +134,7 @@ mok_status mok_workspace_create(mok_context *ctx, const mok_shape *shape, mok_wo
     free(ws);
     return st;
   }
+  __atomic_add_fetch(&ctx->refs, 1, __ATOMIC_RELAXED); /* the workspace holds its context */
   mok_clear_error();
   *out = ws;
   return MOK_OK;
@@ -133,9 +142,11 @@ mok_status mok_workspace_create(mok_context *ctx, const mok_shape *shape, mok_wo
 
 void mok_workspace_destroy(mok_workspace *ws) {
   if (!ws) return;
-  mok_group_leave(ws->ctx->cfg.group, ws->ctx->cfg.ep_rank, ws);
-  ws->ctx->ops->workspace_fini(ws);
+  mok_context *ctx = ws->ctx;
+  mok_group_leave(ctx->cfg.group, ctx->cfg.ep_rank, ws);
+  ctx->ops->workspace_fini(ws);
   free(ws);
+  context_release(ctx);
 }
 
 size_t mok_workspace_bytes(const mok_workspace *ws) { return ws ? ws->bytes : 0; }

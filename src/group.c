@@ -40,6 +40,7 @@ mok_status mok_ep_group_create_emulated(int ranks, int timeout_ms, mok_ep_group 
   pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
   pthread_cond_init(&y->cv, &ca);
   pthread_condattr_destroy(&ca);
+  g->refs = 1;
   g->size = ranks;
   g->timeout_ms = timeout_ms ? timeout_ms : 10000;
   g->sync = y;
@@ -48,14 +49,20 @@ mok_status mok_ep_group_create_emulated(int ranks, int timeout_ms, mok_ep_group 
   return MOK_OK;
 }
 
-void mok_ep_group_destroy(mok_ep_group *g) {
-  if (!g) return;
+void mok_group_retain(mok_ep_group *g) {
+  if (g) __atomic_add_fetch(&g->refs, 1, __ATOMIC_RELAXED);
+}
+
+void mok_group_release(mok_ep_group *g) {
+  if (!g || __atomic_sub_fetch(&g->refs, 1, __ATOMIC_ACQ_REL) != 0) return;
   group_sync *y = g->sync;
   pthread_mutex_destroy(&y->mu);
   pthread_cond_destroy(&y->cv);
   free(y);
   free(g);
 }
+
+void mok_ep_group_destroy(mok_ep_group *g) { mok_group_release(g); }
 
 /* Field by field: the struct has padding that a copy may carry. */
 static int same_shape(const mok_shape *a, const mok_shape *b) {

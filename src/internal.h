@@ -61,6 +61,7 @@ typedef struct mok_saved_layout {
 /* Emulated ranks in one process. `ws` is the peer table: rank r's workspace, whose symmetric
  * buffers the other ranks read (dispatch pulls) and write (combine pushes into their own slots). */
 struct mok_ep_group {
+  int refs;             /* the caller's handle + one per context: freed when the last goes */
   int size;
   int timeout_ms;
   int broken;           /* a barrier timed out: every later barrier fails at once */
@@ -73,6 +74,9 @@ struct mok_ep_group {
  * MOK_ERR_TIMEOUT if some rank did not arrive within the group's timeout. A NULL group (ep = 1)
  * returns at once. */
 mok_status mok_group_barrier(mok_ep_group *g, int32_t *bits);
+/* Contexts hold the group: destroy calls may come in any order (Python's collector has none). */
+void mok_group_retain(mok_ep_group *g);
+void mok_group_release(mok_ep_group *g);
 /* The workspace of each rank joins the peer table when created and leaves it when destroyed. */
 mok_status mok_group_join(mok_ep_group *g, int rank, struct mok_workspace *ws);
 void mok_group_leave(mok_ep_group *g, int rank, struct mok_workspace *ws);
@@ -83,6 +87,7 @@ int mok_group_broken(const mok_ep_group *g);
 struct mok_backend_ops;
 
 struct mok_context {
+  int refs;      /* the caller's handle + one per workspace: freed when the last goes */
   mok_context_config cfg;
   const struct mok_backend_ops *ops;
   int sm_count;  /* CUDA: multiprocessors the kernels may use (cfg.sms or all) */

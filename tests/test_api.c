@@ -87,9 +87,11 @@ static void context_arguments(void) {
   other.hidden = 64;
   EXPECT_FAIL(mok_workspace_create(ctx0, &other, &w0), MOK_ERR_INVALID_ARG, "another shape", w0);
   mok_context_destroy(ctx0);
-  mok_workspace_destroy(w1);
-  mok_context_destroy(ctx);
+  /* Any destroy order (a garbage collector has none): group, context, then the workspace that
+   * still uses both. */
   mok_ep_group_destroy(grp);
+  mok_context_destroy(ctx);
+  mok_workspace_destroy(w1);
   mok_ep_group_destroy(NULL);
   if (mok_cuda_device_count() == 0) {
     bad = cfg, bad.backend = MOK_BACKEND_CUDA;

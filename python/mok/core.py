@@ -47,7 +47,7 @@ class EPGroup:
         self.ptr, self._destroy = ptr.value, lib.mok_ep_group_destroy
 
     def close(self):
-        """After every context of the group is closed (they keep a reference to it)."""
+        """Drops this handle; mok frees the group when its last context is gone too."""
         if getattr(self, "ptr", None):
             self._destroy(self.ptr)
             self.ptr = None
