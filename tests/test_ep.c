@@ -364,6 +364,37 @@ static void refused_arguments_on_one_rank(void) {
   mok_host_layer_destroy(&L);
 }
 
+static void *schedule_main(void *p) {
+  rank_run *u = p;
+  u->fwd = mok_schedule(u->ws, &u->f, NULL);
+  return NULL;
+}
+
+/* mok_schedule on every rank: each rank's counts are the global batch's rows of its experts. */
+static void schedule_counts_per_rank(void) {
+  mok_host_layer L;
+  if (mok_host_layer_create(&global_shape, global_shape.max_tokens, 17, &L) != MOK_OK) return;
+  const int E = global_shape.experts, k = global_shape.top_k;
+  int32_t want[8] = {0};
+  for (int64_t s = 0; s < L.tokens * k; s++) want[L.topk_ids[s]]++;
+  ep_setup s;
+  if (setup(&s, &L, 4, 0, 0)) {
+    pthread_t th[4];
+    for (int r = 0; r < 4; r++) pthread_create(&th[r], NULL, schedule_main, &s.run[r]);
+    for (int r = 0; r < 4; r++) pthread_join(th[r], NULL);
+    for (int r = 0; r < 4; r++) {
+      CHECK(s.run[r].fwd == MOK_OK, "rank %d: mok_schedule %s", r, mok_status_name(s.run[r].fwd));
+      int32_t got[2] = {-1, -1};
+      CHECK_OK(mok_schedule_counts(s.run[r].ws, s.run[r].f.saved, s.run[r].f.tokens, got, NULL));
+      for (int e = 0; e < E / 4; e++)
+        CHECK(got[e] == want[r * (E / 4) + e], "rank %d expert %d: %d rows, expected %d", r, e,
+              got[e], want[r * (E / 4) + e]);
+    }
+  }
+  teardown(&s);
+  mok_host_layer_destroy(&L);
+}
+
 const test_case tests_ep[] = {
     {"ep/D4_bits_across_ep_1_2_4_8", d4_across_ep},
     {"ep/D4_uneven_tokens_repeated", d4_uneven_repeated},
@@ -371,5 +402,6 @@ const test_case tests_ep[] = {
     {"ep/bad_id_on_one_rank_stops_all", bad_id_on_one_rank},
     {"ep/capacity_overflow_stops_all", capacity_overflow},
     {"ep/refused_arguments_on_one_rank", refused_arguments_on_one_rank},
+    {"ep/schedule_counts_per_rank", schedule_counts_per_rank},
     {NULL, NULL},
 };
