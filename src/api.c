@@ -221,8 +221,13 @@ static mok_status check_forward(const mok_workspace *ws, const mok_forward_args 
 
 /* A call refused here on one rank of an EP group would leave the others waiting at the call's
  * first barrier until the timeout: this rank goes to that barrier with MOK_DEVERR_PEER_ARG, so
- * every rank fails the call at once (and the group stays usable), then keeps its own message. */
+ * every rank fails the call at once (and the group stays usable), then keeps its own message.
+ * A call on a group that has timed out is refused before it publishes anything (a late peer may
+ * still be reading this rank's buffers). */
 static mok_status refuse_with_peers(mok_workspace *ws, mok_status st) {
+  if (st == MOK_OK && ws->ctx->cfg.group && mok_group_broken(ws->ctx->cfg.group))
+    return mok_fail(MOK_ERR_TIMEOUT, "an earlier call of this EP group timed out, which leaves "
+                                     "the group failed; create a new one");
   if (st == MOK_OK || !ws || !ws->ctx->cfg.group) return st;
   char msg[512];
   snprintf(msg, sizeof msg, "%s", mok_last_error());

@@ -80,8 +80,8 @@ void mok_group_release(mok_ep_group *g);
 /* The workspace of each rank joins the peer table when created and leaves it when destroyed. */
 mok_status mok_group_join(mok_ep_group *g, int rank, struct mok_workspace *ws);
 void mok_group_leave(mok_ep_group *g, int rank, struct mok_workspace *ws);
-/* A barrier of the group timed out: a call must not even publish its inputs (a peer that is
- * late, not gone, may still be reading them). */
+/* A barrier of the group timed out: api.c refuses later calls before they publish anything (a
+ * peer that is late, not gone, may still be reading). */
 int mok_group_broken(const mok_ep_group *g);
 
 struct mok_backend_ops;

@@ -29,8 +29,8 @@ typedef struct cpu_state {
   uint16_t *slot;     /* [T*k, H] bf16 per-slot rows, pushed by the expert's rank: o forward,
                        * dxr backward */
   float *sym_dtw;     /* [T*k] d_topk_weights, pushed by the expert's rank */
-  float *xf;          /* [T, H] x as fp32 (the shared expert's input) */
-  float *dyf;         /* [T, H] dy as fp32 */
+  float *xf;          /* [T, H] x as fp32: the shared expert's input (shared.c) */
+  float *dyf;         /* [T, H] dy as fp32, likewise */
   float *xr;          /* [R, H] routed rows of x as fp32 (dispatch; zeros on padding) */
   float *dyr;         /* [R, H] routed rows of dy as fp32 */
   float *side;        /* [T, H] shared expert's fp32 output: ys forward, dxs backward */
@@ -53,7 +53,7 @@ typedef struct cpu_saved {
   int32_t *status;        /* [4]; [0] = device-error bits of the call */
   int32_t *counts;        /* [E_local] */
   int32_t *offsets;       /* [E_local + 1] */
-  int32_t *row_src;       /* [rows_cap] slot t*k + j, -1 on padding */
+  int32_t *row_src;       /* [rows_cap] rank * max_tokens * k + slot t*k + j, -1 on padding */
   float *row_weight;      /* [rows_cap] */
   int32_t *mblock_expert; /* [rows_cap / MOK_TILE_M] */
   uint16_t *gu;           /* [rows_cap, 2I] */
@@ -109,12 +109,13 @@ void cpu_bf16_to_f32(const mok_workspace *ws, float *dst, const uint16_t *src, i
  * with compute_y, also o_r = bf16(W_down hw_r) into slot[t*k + j] of the row's source rank. */
 void cpu_expert_forward(mok_workspace *ws, const mok_weights *w, const cpu_saved *sv,
                         int compute_y);
-/* shared.c: shared expert forward (gus, hs into saved; with compute_y, ys into side) and
- * backward (dxs into side, dgus into dgusf, hs into hsf). No-ops when I_s = 0. */
+/* shared.c: shared expert forward (x into xf; gus, hs into saved; with compute_y, ys into side)
+ * and backward (x, dy into xf, dyf; dxs into side, dgus into dgusf, hs into hsf). No-ops when
+ * I_s = 0. */
 void cpu_shared_forward(mok_workspace *ws, const mok_weights *w, const cpu_saved *sv,
-                        int64_t tokens, int compute_y);
+                        const uint16_t *x, int64_t tokens, int compute_y);
 void cpu_shared_backward(mok_workspace *ws, const mok_weights *w, const cpu_saved *sv,
-                         int64_t tokens);
+                         const uint16_t *x, const uint16_t *dy, int64_t tokens);
 /* backward.c: routed backward dgrad: dgu rows into dguf, hw rows into hwf; to the row's source
  * rank, d_topk_weights into sym_dtw[t*k + j] and dxr_r = bf16(W_gu^T dgu_r) into slot[t*k + j]. */
 void cpu_expert_backward(mok_workspace *ws, const mok_weights *w, const cpu_saved *sv);

@@ -14,7 +14,6 @@
 static void publish(mok_workspace *ws, int64_t tokens, const void *x, const void *dy) {
   cpu_state *st = cpu_state_of(ws);
   const size_t n = (size_t)(tokens * ws->shape.hidden) * sizeof(uint16_t);
-  st->sym_tokens = tokens;
   memcpy(st->sym_x, x, n);
   if (dy) memcpy(st->sym_dy, dy, n);
 }
@@ -37,17 +36,14 @@ mok_status cpu_layer_schedule(mok_workspace *ws, const mok_forward_args *a, void
 mok_status cpu_layer_forward(mok_workspace *ws, const mok_forward_args *a, int compute_y,
                              void *stream) {
   (void)stream;
-  cpu_state *st = cpu_state_of(ws);
-  const int64_t T = a->tokens, H = ws->shape.hidden;
+  const int64_t T = a->tokens;
   cpu_saved sv = cpu_saved_view(ws, a->saved, T);
-  if (mok_group_broken(ws->ctx->cfg.group)) return close_direction(ws); /* fails at once */
   publish(ws, T, a->x, NULL);
   mok_status s = cpu_schedule_build(ws, a->topk_ids, a->topk_weights, T, &sv);
   if (s != MOK_OK) return s;
   cpu_dispatch(ws, &sv, 0);
-  cpu_bf16_to_f32(ws, st->xf, a->x, T * H);
   cpu_expert_forward(ws, &a->w, &sv, compute_y);
-  cpu_shared_forward(ws, &a->w, &sv, T, compute_y);
+  cpu_shared_forward(ws, &a->w, &sv, a->x, T, compute_y);
   s = close_direction(ws);
   if (s != MOK_OK) return s;
   if (compute_y) cpu_combine(ws, T, ws->shape.shared_inter > 0, a->y);
@@ -70,10 +66,9 @@ static mok_status refuse_failed_forward(mok_workspace *ws, int32_t own, int32_t 
 
 mok_status cpu_layer_backward(mok_workspace *ws, const mok_backward_args *a, void *stream) {
   (void)stream;
-  cpu_state *st = cpu_state_of(ws);
-  const int64_t T = a->tokens, H = ws->shape.hidden;
+  const cpu_state *st = cpu_state_of(ws);
+  const int64_t T = a->tokens;
   cpu_saved sv = cpu_saved_view(ws, a->saved, T);
-  if (mok_group_broken(ws->ctx->cfg.group)) return close_direction(ws); /* fails at once */
   publish(ws, T, a->x, a->dy);
   int32_t bits = sv.status[0];
   mok_status s = cpu_barrier(ws, &bits);
@@ -84,10 +79,8 @@ mok_status cpu_layer_backward(mok_workspace *ws, const mok_backward_args *a, voi
                     "(its error says which); outputs untouched on every rank");
   if (bits) return refuse_failed_forward(ws, sv.status[0], bits);
   cpu_dispatch(ws, &sv, 1);
-  cpu_bf16_to_f32(ws, st->xf, a->x, T * H);
-  cpu_bf16_to_f32(ws, st->dyf, a->dy, T * H);
   cpu_expert_backward(ws, &a->w, &sv);
-  cpu_shared_backward(ws, &a->w, &sv, T);
+  cpu_shared_backward(ws, &a->w, &sv, a->x, a->dy, T);
   s = close_direction(ws);
   if (s != MOK_OK) return s;
   cpu_weight_grads(ws, &sv, T, &a->g, a->grad_mode);

@@ -7,10 +7,11 @@
 #include "cpu/cpu.h"
 
 void cpu_shared_forward(mok_workspace *ws, const mok_weights *w, const cpu_saved *sv,
-                        int64_t tokens, int compute_y) {
+                        const uint16_t *x, int64_t tokens, int compute_y) {
   const cpu_state *st = cpu_state_of(ws);
   const int64_t H = ws->shape.hidden, Is = ws->shape.shared_inter;
   if (Is == 0) return;
+  cpu_bf16_to_f32(ws, st->xf, x, tokens * H);
   #pragma omp parallel num_threads(st->threads)
   {
     cpu_load_panels(ws, w->ws_gate, w->ws_up, w->ws_down, H, Is);
@@ -23,10 +24,12 @@ void cpu_shared_forward(mok_workspace *ws, const mok_weights *w, const cpu_saved
 }
 
 void cpu_shared_backward(mok_workspace *ws, const mok_weights *w, const cpu_saved *sv,
-                         int64_t tokens) {
+                         const uint16_t *x, const uint16_t *dy, int64_t tokens) {
   const cpu_state *st = cpu_state_of(ws);
   const int64_t H = ws->shape.hidden, Is = ws->shape.shared_inter;
   if (Is == 0) return;
+  cpu_bf16_to_f32(ws, st->xf, x, tokens * H); /* kept for its weight gradients (wgrad.c) */
+  cpu_bf16_to_f32(ws, st->dyf, dy, tokens * H);
   #pragma omp parallel num_threads(st->threads)
   {
     float *dh = cpu_thread_scratch(ws); /* [I_s] */
