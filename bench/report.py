@@ -84,8 +84,7 @@ def chart(path, ceiling, results):
         vals = []
         for s in shapes:
             r = next((r for r in rows if r["shape"] == s and r["impl"] == impl), None)
-            vals.append(0 if r is None else
-                        3 * r["fwd_flops"] / ((r["fwd_ms"] + r["bwd_ms"]) * 1e9))
+            vals.append(0 if r is None else r["tflops"])
         ax.bar([j + i * width for j in range(len(shapes))], vals, width, label=impl)
     ax.axhline(ceiling["tflops"], color="k", linestyle="--", linewidth=1,
                label=f"dense bf16 GEMM ({ceiling['tflops']:.0f})")

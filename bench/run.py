@@ -107,6 +107,7 @@ def run_impl(name, fn, shape, ins, dy, args, ctx=None, note=None):
                                max_reps=args.max_reps, warmup=args.warmup))
         row["fwd_tflops"] = row["fwd_flops"] / row["fwd_ms"] / 1e9
         row["bwd_tflops"] = 2 * row["fwd_flops"] / row["bwd_ms"] / 1e9
+        row["tflops"] = 3 * row["fwd_flops"] / (row["fwd_ms"] + row["bwd_ms"]) / 1e9  # fwd+bwd
         row["status"] = "ok"
         log(f"{shape.name:14s} {name:34s} fwd {row['fwd_ms']:9.3f} ms {row['fwd_tflops']:6.0f} "
             f"TF/s | bwd {row['bwd_ms']:9.3f} ms {row['bwd_tflops']:6.0f} TF/s | "
@@ -128,7 +129,8 @@ def run_mok(mok, shape, ins, dy, args):
     note = "no GPU"
     if ins["x"].is_cuda:
         try:
-            mok.moe(**ins)  # the CUDA backend may not do this shape (or anything) yet
+            with torch.no_grad():  # the CUDA backend may not do this shape (or anything) yet
+                mok.moe(**ins)
         except mok.MokUnsupported as e:
             note = f"CUDA backend: {e.message}"
             log(f"{shape.name:14s} mok: {note}; CPU backend at reduced scale")

@@ -114,7 +114,7 @@ _PROTOTYPES = {
     "mok_backward": (c_int, [c_void_p, POINTER(BackwardArgs), c_void_p]),
     "mok_check": (c_int, [c_void_p, c_void_p]),
     "mok_schedule_counts": (c_int, [c_void_p, c_void_p, c_int64, POINTER(c_int32), c_void_p]),
-    # mok_gen.h: bf16 conversion and seeded generators (the tests compare against these).
+    # mok_gen.h: bf16 conversion (the tests compare bf16.py against it) and seeded generators.
     "mok_f32_to_bf16": (c_uint16, [c_float]),
     "mok_bf16_to_f32": (c_float, [c_uint16]),
     "mok_gen_normal_bf16": (None, [c_uint64, c_uint64, c_float, c_void_p, c_size_t]),

@@ -5,8 +5,9 @@ A workspace is cached per (layer dims, backend, device). A call with more tokens
 workspace holds replaces it with one for the next power of two (the `saved` buffers of earlier
 calls stay valid: they hold everything backward reads). The replaced one is kept until
 clear_cache(), since a CUDA graph captured earlier may still use it. Calls on one workspace must
-be ordered: the CPU backend takes a lock per workspace; CUDA calls must come on one stream (or be
-ordered by the caller), as mok's scratch is shared between the calls of a workspace.
+be ordered: a CPU workspace here holds a lock around its calls; CUDA calls must come on one
+stream (or be ordered by the caller), as mok's scratch is shared between the calls of a
+workspace.
 """
 import ctypes
 import os
@@ -188,12 +189,10 @@ def context(backend="cpu", device=0):
         return ctx
 
 
-def _grown(tokens, top_k, at_least=0):
+def _grown(tokens, top_k):
     """max_tokens for a new workspace: the next power of two >= tokens, within mok's limits."""
-    want = max(int(tokens), int(at_least))
-    n = 1
-    while n < want:
-        n *= 2
+    want = int(tokens)
+    n = 1 << max(0, want - 1).bit_length()
     limit = min(MAX_TOKENS, MAX_ROWS // max(1, top_k))
     return max(want, min(n, limit))
 
@@ -209,7 +208,7 @@ def workspace(dims, tokens, backend="cpu", device=0, max_tokens=None):
         if ws is not None and ws.max_tokens >= need:
             return ws
     ctx = context(backend, device)
-    new = Workspace(ctx, dims, _grown(need, dims.top_k, ws.max_tokens if ws else 0))
+    new = Workspace(ctx, dims, _grown(need, dims.top_k))
     with _cache_lock:
         cur = _workspaces.get(key)
         if cur is not None and cur.max_tokens >= new.max_tokens:

@@ -109,17 +109,9 @@ class Layer:
     def recompute(self, x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate=None,
                   ws_up=None, ws_down=None):
         """Fills a new `saved` as forward would, without y (activation checkpointing)."""
-        def run():
-            where = "Layer.recompute"
-            t, dims, a = _inputs(where, x, topk_ids, topk_weights,
-                                 (w_gate, w_up, w_down, ws_gate, ws_up, ws_down), ep=self.ep)
-            _workspace(self.ws, where, dims, t)
-            _need_tokens(where, t, self.ep)
-            saved = aligned_empty(self.ws.saved_bytes(t))
-            self.ws.recompute(t, _addr(a["x"]), _addr(a["topk_ids"]), _addr(a["topk_weights"]),
-                              _wptrs(a), saved.ctypes.data)
-            return saved
-        return self._call(run)
+        return self._call(lambda: _forward(
+            self.ws, "Layer.recompute", x, topk_ids, topk_weights,
+            (w_gate, w_up, w_down, ws_gate, ws_up, ws_down), True, self.ep, want_y=False)[1])
 
     def backward(self, dy, x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate=None,
                  ws_up=None, ws_down=None, *, saved, grad_mode="bf16", main_grads=None):
@@ -152,16 +144,20 @@ def _need_tokens(where, t, ep):
                          f"with at least one token")
 
 
-def _forward(ws, where, x, topk_ids, topk_weights, weights, check_ids, ep=1):
+def _forward(ws, where, x, topk_ids, topk_weights, weights, check_ids, ep=1, want_y=True):
+    """(y, saved); with want_y=False, recompute: y is None and only saved is filled."""
     t, dims, a = _inputs(where, x, topk_ids, topk_weights, weights, check_ids=check_ids, ep=ep)
     _need_tokens(where, t, ep)
-    y = np.empty((t, dims.hidden), dtype=np.uint16)
+    y = np.empty((t, dims.hidden), dtype=np.uint16) if want_y else None
     if t == 0:
         return y, aligned_empty(0)
     ws = _workspace(ws, where, dims, t)
     saved = aligned_empty(ws.saved_bytes(t))
-    ws.forward(t, _addr(a["x"]), _addr(a["topk_ids"]), _addr(a["topk_weights"]), _wptrs(a),
-               y.ctypes.data, saved.ctypes.data)
+    ptrs = (_addr(a["x"]), _addr(a["topk_ids"]), _addr(a["topk_weights"]), _wptrs(a))
+    if want_y:
+        ws.forward(t, *ptrs, y.ctypes.data, saved.ctypes.data)
+    else:
+        ws.recompute(t, *ptrs, saved.ctypes.data)
     return y, saved
 
 

@@ -8,8 +8,9 @@ argument before any C call. Expert ids out of range:
   - CPU: always checked here (ValueError).
   - CUDA: only the device can see them cheaply. The kernels flag the error in the workspace and
     leave the outputs untouched; `mok.check()` raises it (it synchronises). With MOK_DEBUG=1 (or
-    mok.set_debug(True)) every CUDA call also checks the ids before and calls mok_check after,
-    except while a CUDA graph is being captured, where both would break the capture.
+    mok.set_debug(True)) every CUDA forward also checks the ids before it, and every CUDA call
+    runs mok_check after it, except while a CUDA graph is being captured, where both would break
+    the capture.
 """
 import os
 from typing import Optional
@@ -89,6 +90,19 @@ def _aligned_addr(saved):
     return p + (-p) % SAVED_ALIGN
 
 
+def _saved_len(ws, t):
+    """Bytes of a saved tensor for t tokens: mok's size plus the slack _aligned_addr needs."""
+    return ws.saved_bytes(t) + SAVED_ALIGN - 1
+
+
+def _named(x, topk_ids, topk_weights, weights, dy=None):
+    """The call's tensors by argument name, for _check (dy first when given)."""
+    ten = {} if dy is None else {"dy": dy}
+    names = ("x", "topk_ids", "topk_weights", *WEIGHTS)
+    ten.update(zip(names, (x, topk_ids, topk_weights, *weights)))
+    return ten
+
+
 def _ptr(t):
     return 0 if t is None else t.data_ptr()
 
@@ -112,8 +126,7 @@ def _forward_op(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, w_gate: Tenso
                 w_down: Tensor, ws_gate: Optional[Tensor], ws_up: Optional[Tensor],
                 ws_down: Optional[Tensor], max_tokens: int = 0) -> tuple[Tensor, Tensor]:
     where = "mok.moe"
-    ten = dict(zip(("x", "topk_ids", "topk_weights", *WEIGHTS),
-                   (x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down)))
+    ten = _named(x, topk_ids, topk_weights, (w_gate, w_up, w_down, ws_gate, ws_up, ws_down))
     t, dims = _check(where, ten, real=True)
     dev = x.device
     y = torch.empty((t, dims.hidden), dtype=torch.bfloat16, device=dev)
@@ -125,7 +138,7 @@ def _forward_op(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, w_gate: Tenso
         _check_ids(where, topk_ids, dims.experts)
     with _Device(dev):
         ws = core.workspace(dims, t, backend, index, max_tokens)
-        saved = torch.empty(ws.saved_bytes(t) + SAVED_ALIGN - 1, dtype=torch.uint8, device=dev)
+        saved = torch.empty(_saved_len(ws, t), dtype=torch.uint8, device=dev)
         stream = _stream(dev)
         ws.forward(t, x.data_ptr(), topk_ids.data_ptr(), topk_weights.data_ptr(),
                    [_ptr(ten[n]) for n in WEIGHTS], y.data_ptr(), _aligned_addr(saved),
@@ -138,8 +151,7 @@ def _forward_op(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, w_gate: Tenso
 @_forward_op.register_fake
 def _forward_fake(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down,
                   max_tokens=0):
-    ten = dict(zip(("x", "topk_ids", "topk_weights", *WEIGHTS),
-                   (x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down)))
+    ten = _named(x, topk_ids, topk_weights, (w_gate, w_up, w_down, ws_gate, ws_up, ws_down))
     t, dims = _check("mok.moe", ten, real=False)
     y = x.new_empty((t, dims.hidden))
     if isinstance(t, int):
@@ -149,7 +161,7 @@ def _forward_fake(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_u
         backend, index = _where(x.device)
         with _Device(x.device):
             ws = core.workspace(dims, t, backend, index, max_tokens)
-        n = ws.saved_bytes(t) + SAVED_ALIGN - 1
+        n = _saved_len(ws, t)
     else:
         n = torch.library.get_ctx().new_dynamic_size()  # symbolic T: a data-dependent size
     return y, x.new_empty(n, dtype=torch.uint8)
@@ -163,8 +175,7 @@ def _backward_op(dy: Tensor, x: Tensor, topk_ids: Tensor, topk_weights: Tensor, 
     """Returns [dx, d_topk_weights, dw_gate, dw_up, dw_down, dws_gate, dws_up, dws_down]; the
     shared-expert grads are empty (I_s = 0) when there is no shared expert."""
     where = "mok.moe backward"
-    ten = dict(zip(("dy", "x", "topk_ids", "topk_weights", *WEIGHTS),
-                   (dy, x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down)))
+    ten = _named(x, topk_ids, topk_weights, (w_gate, w_up, w_down, ws_gate, ws_up, ws_down), dy)
     t, dims = _check(where, ten, real=True)
     out = _grad_outputs(dy, dims, t)
     dev = x.device
@@ -175,7 +186,7 @@ def _backward_op(dy: Tensor, x: Tensor, topk_ids: Tensor, topk_weights: Tensor, 
     backend, index = _where(dev)
     with _Device(dev):
         ws = core.workspace(dims, t, backend, index)
-        need = ws.saved_bytes(t) + SAVED_ALIGN - 1
+        need = _saved_len(ws, t)
         if saved.dtype != torch.uint8 or saved.device != dev or saved.numel() < need:
             raise ValueError(f"{where}: saved must be the uint8 tensor of {need} bytes on {dev} "
                              f"that mok::forward returned")
@@ -201,8 +212,7 @@ def _grad_outputs(dy, dims, t):
 @_backward_op.register_fake
 def _backward_fake(dy, x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down,
                    saved):
-    ten = dict(zip(("dy", "x", "topk_ids", "topk_weights", *WEIGHTS),
-                   (dy, x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down)))
+    ten = _named(x, topk_ids, topk_weights, (w_gate, w_up, w_down, ws_gate, ws_up, ws_down), dy)
     t, dims = _check("mok.moe backward", ten, real=False)
     return _grad_outputs(dy, dims, t)
 
@@ -250,10 +260,8 @@ def check(device=None):
     """Raises any device-side error (e.g. MokExpertIdError) flagged since the last check, for the
     cached workspaces on `device` (a torch device or None = all). Synchronises with the stream."""
     dev = None if device is None else torch.device(device)
-    for ws in core.cached_workspaces(retired=True):
-        if dev is not None and (ws.backend != dev.type or
-                                (dev.type == "cuda" and dev.index not in (None, ws.ctx.device))):
-            continue
+    backend, index = (None, None) if dev is None else (dev.type, dev.index)
+    for ws in core.cached_workspaces(backend, index, retired=True):
         if ws.backend == "cuda":
             d = torch.device("cuda", ws.ctx.device)
             with torch.cuda.device(d):
