@@ -53,8 +53,14 @@ check cli/run_ep8_same_bits 0 'dw_down +identical.*run --ep 8: PASS' -- \
 check cli/run_ep_uneven 2 "32 experts do not split over 3 ranks" -- \
   $mok run --shape dsv3 "${small[@]}" --ep 3
 check cli/run_ep_cuda 2 "add --backend cpu" -- $mok run --shape dsv3 --ep 2
-check cli/bench_ep 0 'backward .*repeated bits: identical.*bench --ep 4: PASS' -- \
-  $mok bench --shape dsv3 "${small[@]}" --ep 4 --grad-mode f32 --warmup 0 --repeat 2
+check cli/bench_ep 0 'on 4 ranks.*backward .*repeated bits: identical.*bench: PASS' -- \
+  $mok bench --shape dsv3 "${small[@]}" --ep 4 --grad-mode f32 --warmup 0 --repeat 2 \
+  --json "$tmp/ep.json"
+check cli/bench_ep_json 0 'ok' -- python3 -c "
+import json
+j = json.load(open('$tmp/ep.json'))
+assert j['ep'] == 4 and j['identical_bits'] is True and len(j['backward_ms_all']) == 2, j
+print('ok')"
 
 # Determinism through the command: same seed, same digests, on 1 thread and on 2 (D1, D2);
 # another seed, other digests.

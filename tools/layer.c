@@ -108,20 +108,29 @@ static int upload(tool_layer *L, const void *host, size_t bytes, const void **ou
 
 static size_t tensor_bytes(const tool_tensor *t) { return (size_t)t->n * (size_t)t->elem; }
 
-/* The outputs' names, sizes and types: the one place they are described. */
+const char *const tool_output_names[OUT_COUNT] = {
+    "y", "dx", "d_topk_weights", "dw_gate", "dw_up", "dw_down", "dws_gate", "dws_up", "dws_down"};
+
+void tool_output_sizes(const cli_options *o, int64_t tokens, int64_t experts, int64_t n[OUT_COUNT],
+                       int elem[OUT_COUNT]) {
+  const mok_shape *s = &o->shape;
+  const int64_t H = s->hidden, I = s->inter, Is = s->shared_inter, k = s->top_k;
+  const int g = o->grad_mode == MOK_GRAD_ACCUMULATE_F32 ? 4 : 2;
+  const int64_t v[OUT_COUNT] = {tokens * H, tokens * H, tokens * k, experts * I * H,
+                                experts * I * H, experts * H * I, Is * H, Is * H, H * Is};
+  for (int i = 0; i < OUT_COUNT; i++) {
+    n[i] = v[i];
+    elem[i] = i == OUT_Y || i == OUT_DX ? 2 : i == OUT_DTW ? 4 : g;
+  }
+}
+
+/* The outputs' names, sizes and types. */
 static void describe_outputs(tool_layer *L) {
-  const mok_shape *s = &L->o->shape;
-  const int64_t T = s->max_tokens, H = s->hidden, I = s->inter, Is = s->shared_inter;
-  const int64_t E = s->experts, k = s->top_k;
-  const int g = L->o->grad_mode == MOK_GRAD_ACCUMULATE_F32 ? 4 : 2;
-  const tool_tensor t[OUT_COUNT] = {
-      {"y", T * H, 2, NULL, NULL},          {"dx", T * H, 2, NULL, NULL},
-      {"d_topk_weights", T * k, 4, NULL, NULL}, {"dw_gate", E * I * H, g, NULL, NULL},
-      {"dw_up", E * I * H, g, NULL, NULL},  {"dw_down", E * H * I, g, NULL, NULL},
-      {"dws_gate", Is * H, g, NULL, NULL},  {"dws_up", Is * H, g, NULL, NULL},
-      {"dws_down", H * Is, g, NULL, NULL},
-  };
-  memcpy(L->out, t, sizeof t);
+  int64_t n[OUT_COUNT];
+  int elem[OUT_COUNT];
+  tool_output_sizes(L->o, L->o->shape.max_tokens, L->o->shape.experts, n, elem);
+  for (int i = 0; i < OUT_COUNT; i++)
+    L->out[i] = (tool_tensor){tool_output_names[i], n[i], elem[i], NULL, NULL};
 }
 
 int tool_layer_create(tool_layer *L, const cli_options *o) {

@@ -28,6 +28,12 @@ typedef enum tool_output {
   OUT_DWS_DOWN, OUT_COUNT
 } tool_output;
 
+extern const char *const tool_output_names[OUT_COUNT];
+/* Values and bytes per value of each output, for a call of `tokens` tokens holding `experts`
+ * routed experts (0 values: absent, as the shared-expert gradients without a shared expert). */
+void tool_output_sizes(const cli_options *o, int64_t tokens, int64_t experts, int64_t n[OUT_COUNT],
+                       int elem[OUT_COUNT]);
+
 typedef struct tool_tensor {
   const char *name;
   int64_t n;    /* values; 0 when absent (shared-expert gradients without a shared expert) */
@@ -72,9 +78,15 @@ void tool_digests(const tool_layer *L, cli_digest d[OUT_COUNT]);
  * outputs with mok_ref64_*; prints a table; returns the number of tensors over o->tol. */
 int tool_check_ref(const tool_layer *L);
 
-/* ep.c: `mok run --ep R` on the CPU backend: R emulated ranks against one, bit for bit;
- * `mok bench --ep R`: R emulated ranks timed. */
+/* ep.c, on the CPU backend with R = o->ep emulated ranks of o->shape.max_tokens tokens each.
+ * tool_run_ep: `mok run --ep R`, the R ranks against one rank with all R*T tokens, bit for bit;
+ *   prints its result, returns the exit status.
+ * tool_bench_ep: `mok bench --ep R`, a reference run, o->warmup more, then o->repeat timed runs
+ *   (wall clock from the first rank's start to the last rank's end) into fwd_ms/bwd_ms; the
+ *   digests of the reference and of the last run, each output over every rank in rank order;
+ *   n[i] values of output i over all ranks (0: absent). Returns 0, or -1 (printed). */
 int tool_run_ep(const cli_options *o);
-int tool_bench_ep(const cli_options *o);
+int tool_bench_ep(const cli_options *o, double *fwd_ms, double *bwd_ms, cli_digest ref[OUT_COUNT],
+                  cli_digest last[OUT_COUNT], int64_t n[OUT_COUNT]);
 
 #endif

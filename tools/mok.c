@@ -64,7 +64,8 @@ static void layer_options_help(void) {
       "  --grad-mode M     bf16: weight gradients written as bf16; f32: added to fp32 main-grad\n"
       "                    buffers, which mok zeroes before each backward (default bf16)\n"
       "  --ep R            R emulated expert-parallel ranks (CPU backend, a thread each), T\n"
-      "                    tokens and E/R experts each: run compares every output with one rank\n"
+      "                    tokens and E/R experts each: run compares every output but the\n"
+      "                    shared expert's gradients (per-rank partial sums) with one rank\n"
       "                    running all R*T tokens, bit for bit (instead of the float64 check);\n"
       "                    bench times the R ranks together (default 1)\n"
       "\n"
@@ -284,7 +285,8 @@ static void json_string(FILE *f, const char *s) {
   fputc('"', f);
 }
 
-static int write_json(const cli_options *o, stats f, stats b, const double *fv,
+/* flops: of one forward (of every rank's tokens with --ep). */
+static int write_json(const cli_options *o, double flops, stats f, stats b, const double *fv,
                       const double *bv, int identical) {
   FILE *j = fopen(o->json, "w");
   if (!j) {
@@ -292,7 +294,6 @@ static int write_json(const cli_options *o, stats f, stats b, const double *fv,
     return -1;
   }
   const mok_shape *s = &o->shape;
-  const double flops = cli_forward_flops(s, s->max_tokens);
   char v[16];
   fprintf(j, "{\n  \"mok_version\": \"%s\",\n  \"shape\": \"%s\",\n  \"scale\": %lld,\n",
           version_text(mok_version(), v), o->shape_name, (long long)o->scale);
@@ -307,8 +308,8 @@ static int write_json(const cli_options *o, stats f, stats b, const double *fv,
   fprintf(j, ", \"threads\": %d, \"sms\": %d, \"seed\": %llu,\n",
           cuda ? 0 : o->threads ? o->threads : omp_get_max_threads(), cuda ? o->sms : 0,
           (unsigned long long)o->seed);
-  fprintf(j, "  \"grad_mode\": \"%s\", \"warmup\": %d, \"repeat\": %d,\n",
-          o->grad_mode == MOK_GRAD_ACCUMULATE_F32 ? "f32" : "bf16", o->warmup, o->repeat);
+  fprintf(j, "  \"grad_mode\": \"%s\", \"ep\": %d, \"warmup\": %d, \"repeat\": %d,\n",
+          o->grad_mode == MOK_GRAD_ACCUMULATE_F32 ? "f32" : "bf16", o->ep, o->warmup, o->repeat);
   fprintf(j, "  \"forward_flops\": %.6e, \"backward_flops\": %.6e,\n", flops, 2 * flops);
   fprintf(j, "  \"forward_ms\": %.6f, \"forward_ms_min\": %.6f, \"forward_ms_max\": %.6f,\n",
           f.median, f.min, f.max);
@@ -326,25 +327,13 @@ static int write_json(const cli_options *o, stats f, stats b, const double *fv,
   return 0;
 }
 
-static int cmd_bench(const cli_options *o) {
-  if (o->ep > 1) {
-    print_header("bench", o);
-    return tool_bench_ep(o);
-  }
+/* One layer: a reference run, warm-ups, then o->repeat timed runs; the same as tool_bench_ep. */
+static int bench_layer(const cli_options *o, double *fv, double *bv, cli_digest ref[OUT_COUNT],
+                       cli_digest last[OUT_COUNT], int64_t n[OUT_COUNT]) {
   tool_layer L;
-  cli_digest ref[OUT_COUNT], last[OUT_COUNT];
-  double *fv = calloc(3 * (size_t)o->repeat, sizeof *fv); /* forward, backward ms, scratch */
-  double *bv = fv + o->repeat;
-  int rc = 1;
-  double t0;
-  print_header("bench", o);
-  memset(&L, 0, sizeof L);
-  if (!fv) {
-    tool_error("no host memory for %d timings", o->repeat);
-    goto done;
-  }
+  int rc = -1;
   if (tool_layer_create(&L, o)) goto done;
-  t0 = tool_step("reference run and %d warm-up runs", o->warmup);
+  double t0 = tool_step("reference run and %d warm-up runs", o->warmup);
   if (tool_poison(&L) || tool_run(&L, 1, NULL, NULL) || tool_download(&L)) goto done;
   tool_digests(&L, ref);
   if (o->warmup && tool_run(&L, o->warmup, NULL, NULL)) goto done;
@@ -353,11 +342,36 @@ static int cmd_bench(const cli_options *o) {
   if (tool_poison(&L) || tool_run(&L, o->repeat, fv, bv) || tool_download(&L)) goto done;
   tool_digests(&L, last);
   tool_done(t0);
-  const double flops = cli_forward_flops(&o->shape, o->shape.max_tokens);
+  for (int i = 0; i < OUT_COUNT; i++) n[i] = L.out[i].n;
+  rc = 0;
+done:
+  tool_layer_destroy(&L);
+  return rc;
+}
+
+static int cmd_bench(const cli_options *o) {
+  cli_digest ref[OUT_COUNT], last[OUT_COUNT];
+  int64_t n[OUT_COUNT];
+  double *fv = calloc(3 * (size_t)o->repeat, sizeof *fv); /* forward, backward ms, scratch */
+  double *bv = fv + o->repeat;
+  int rc = 1;
+  print_header("bench", o);
+  if (!fv) {
+    tool_error("no host memory for %d timings", o->repeat);
+    goto done;
+  }
+  const int ep = o->ep > 1;
+  if (ep ? tool_bench_ep(o, fv, bv, ref, last, n) : bench_layer(o, fv, bv, ref, last, n)) goto done;
+  const double flops = cli_forward_flops(&o->shape, o->shape.max_tokens * o->ep);
   const stats f = stats_of(fv, o->repeat, bv + o->repeat);
   const stats b = stats_of(bv, o->repeat, bv + o->repeat);
-  printf("  %d timed runs after the reference run and %d warm-up runs (%s)\n", o->repeat,
-         o->warmup, o->backend == MOK_BACKEND_CUDA ? "CUDA events" : "wall clock");
+  if (ep)
+    printf("  %d timed runs on %d ranks after the reference run and %d warm-up runs (wall clock, "
+           "first start to last end; global batch of %lld tokens)\n", o->repeat, o->ep,
+           o->warmup, (long long)(o->shape.max_tokens * o->ep));
+  else
+    printf("  %d timed runs after the reference run and %d warm-up runs (%s)\n", o->repeat,
+           o->warmup, o->backend == MOK_BACKEND_CUDA ? "CUDA events" : "wall clock");
   printf("  %-9s %12s %12s %12s %10s\n", "", "median ms", "min ms", "max ms", "TFLOP/s");
   printf("  %-9s %12.3f %12.3f %12.3f %10.3f\n", "forward", f.median, f.min, f.max,
          tflops(flops, f.median));
@@ -366,9 +380,9 @@ static int cmd_bench(const cli_options *o) {
   int identical = 1, nonfinite = 0;
   printf("  repeated bits:");
   for (int i = 0; i < OUT_COUNT; i++) {
-    if (L.out[i].n == 0) continue;
+    if (n[i] == 0) continue;
     if (ref[i].hash != last[i].hash) {
-      printf(" %s differs", L.out[i].name);
+      printf(" %s differs", tool_output_names[i]);
       identical = 0;
     }
     nonfinite += last[i].nonfinite != 0;
@@ -377,10 +391,9 @@ static int cmd_bench(const cli_options *o) {
                            : "");
   if (nonfinite) printf("  %d outputs hold NaN or Inf\n", nonfinite);
   rc = !identical || nonfinite;
-  if (o->json && write_json(o, f, b, fv, bv, identical)) rc = 1;
+  if (o->json && write_json(o, flops, f, b, fv, bv, identical)) rc = 1;
   printf("bench: %s\n", rc ? "FAIL" : "PASS");
 done:
-  tool_layer_destroy(&L);
   free(fv);
   return rc;
 }
