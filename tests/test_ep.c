@@ -27,7 +27,6 @@ typedef struct rank_run {
   mok_backward_args b;
   int64_t y_bytes, dtw_bytes, g_bytes[G_COUNT];
   int absent;              /* never calls (the timeout test) */
-  int backward;            /* also run backward */
   mok_status fwd, bwd;
 } rank_run;
 
@@ -49,6 +48,17 @@ static int untouched(const void *p, int64_t bytes) {
   for (int64_t i = 0; i < bytes; i++)
     if (c[i] != POISON) return 0;
   return 1;
+}
+
+/* Every output of the rank to POISON. */
+static void rank_poison(rank_run *u) {
+  memset(u->f.y, POISON, (size_t)u->y_bytes);
+  memset(u->b.dx, POISON, (size_t)u->y_bytes);
+  memset(u->b.d_topk_weights, POISON, (size_t)u->dtw_bytes);
+  void *grads[G_COUNT] = {u->b.g.dw_gate,  u->b.g.dw_up,  u->b.g.dw_down,
+                          u->b.g.dws_gate, u->b.g.dws_up, u->b.g.dws_down};
+  for (int g = 0; g < G_COUNT; g++)
+    if (grads[g]) memset(grads[g], POISON, (size_t)u->g_bytes[g]);
 }
 
 /* Rank r of `ep` takes split[r] tokens of L (NULL: T/ep each), in rank order, and experts
@@ -97,11 +107,7 @@ static int setup_split(ep_setup *s, const mok_host_layer *L, int ep, int64_t rou
     u->b = (mok_backward_args){Tr, u->f.x, u->f.topk_ids, u->f.topk_weights, w, u->f.saved,
                                L->dy + t0 * H, test_alloc((size_t)u->y_bytes),
                                test_alloc((size_t)u->dtw_bytes), gr, MOK_GRAD_WRITE_BF16};
-    memset(u->f.y, POISON, (size_t)u->y_bytes);
-    memset(u->b.dx, POISON, (size_t)u->y_bytes);
-    memset(u->b.d_topk_weights, POISON, (size_t)u->dtw_bytes);
-    for (int g = 0; g < G_COUNT; g++)
-      if (g_len[g]) memset(*gp[g], POISON, (size_t)u->g_bytes[g]);
+    rank_poison(u);
   }
   return 1;
 }
@@ -123,10 +129,10 @@ static void teardown(ep_setup *s) {
   mok_ep_group_destroy(s->group);
 }
 
-static void *rank_main(void *p) {
+/* What a rank's thread runs: forward, then backward (status kept for each). */
+static void *forward_main(void *p) {
   rank_run *u = p;
   u->fwd = mok_forward(u->ws, &u->f, NULL);
-  if (u->backward) u->bwd = mok_backward(u->ws, &u->b, NULL);
   return NULL;
 }
 
@@ -136,13 +142,22 @@ static void *backward_main(void *p) {
   return NULL;
 }
 
-/* Every rank that is not absent runs at once, each on its own thread. */
-static void run_all(ep_setup *s, int backward) {
+static void *step_main(void *p) {
+  forward_main(p);
+  return backward_main(p);
+}
+
+static void *schedule_main(void *p) {
+  rank_run *u = p;
+  u->fwd = mok_schedule(u->ws, &u->f, NULL);
+  return NULL;
+}
+
+/* Every rank that is not absent runs fn at once, each on its own thread. */
+static void run_all(ep_setup *s, void *(*fn)(void *)) {
   pthread_t th[8];
-  for (int r = 0; r < s->ep; r++) {
-    s->run[r].backward = backward;
-    if (!s->run[r].absent) pthread_create(&th[r], NULL, rank_main, &s->run[r]);
-  }
+  for (int r = 0; r < s->ep; r++)
+    if (!s->run[r].absent) pthread_create(&th[r], NULL, fn, &s->run[r]);
   for (int r = 0; r < s->ep; r++)
     if (!s->run[r].absent) pthread_join(th[r], NULL);
 }
@@ -160,7 +175,7 @@ static void d4_across_ep(void) {
     const int ep = eps[n];
     ep_setup s;
     if (setup(&s, &ref.L, ep, 0, 0)) {
-      run_all(&s, 1);
+      run_all(&s, step_main);
       const int64_t Tr = ref.T / ep, El = global_shape.experts / ep;
       for (int r = 0; r < ep; r++) {
         const rank_run *u = &s.run[r];
@@ -203,8 +218,8 @@ static void d4_uneven_repeated(void) {
   ep_setup s;
   if (setup_split(&s, &ref.L, 4, 0, 0, split, 2)) {
     for (int rep = 0; rep < 3; rep++) {
-      for (int r = 0; r < 4; r++) memset(s.run[r].f.y, POISON, (size_t)s.run[r].y_bytes);
-      run_all(&s, 1);
+      for (int r = 0; r < 4; r++) rank_poison(&s.run[r]);
+      run_all(&s, step_main);
       int64_t t0 = 0;
       for (int r = 0; r < 4; r++) {
         const rank_run *u = &s.run[r];
@@ -242,7 +257,7 @@ static void absent_rank_times_out(void) {
   if (setup(&s, &L, 4, 0, 200)) {
     s.run[2].absent = 1;
     const double t0 = now_s();
-    run_all(&s, 0);
+    run_all(&s, forward_main);
     const double took = now_s() - t0;
     for (int r = 0; r < 4; r++) {
       if (r == 2) continue;
@@ -264,10 +279,12 @@ static void absent_rank_times_out(void) {
   mok_host_layer_destroy(&L);
 }
 
-/* Every rank's outputs still hold the poison, and `want` was every rank's status. */
+/* `want` was every rank's status and is what mok_check reports, and every rank's outputs still
+ * hold the poison. */
 static void all_failed_untouched(const ep_setup *s, mok_status want, const char *what) {
   for (int r = 0; r < s->ep; r++) {
     const rank_run *u = &s->run[r];
+    CHECK(mok_check(u->ws, NULL) == want, "%s: rank %d: mok_check", what, r);
     CHECK(u->fwd == want, "%s: rank %d forward %s, expected %s", what, r, mok_status_name(u->fwd),
           mok_status_name(want));
     CHECK(u->bwd == want, "%s: rank %d backward %s, expected %s", what, r,
@@ -286,13 +303,11 @@ static void all_failed_untouched(const ep_setup *s, mok_status want, const char 
 static void bad_id_on_one_rank(void) {
   mok_host_layer L;
   if (mok_host_layer_create(&global_shape, global_shape.max_tokens, 13, &L) != MOK_OK) return;
-  L.topk_ids[3 * 24 + 5] = global_shape.experts; /* rank 3's token 2, slot 1 */
+  L.topk_ids[(3 * 24 + 2) * 2 + 1] = global_shape.experts; /* rank 3's token 2, slot 1 */
   ep_setup s;
   if (setup(&s, &L, 4, 0, 0)) {
-    run_all(&s, 1);
+    run_all(&s, step_main);
     all_failed_untouched(&s, MOK_ERR_EXPERT_ID, "bad id on rank 3");
-    for (int r = 0; r < 4; r++)
-      CHECK(mok_check(s.run[r].ws, NULL) == MOK_ERR_EXPERT_ID, "rank %d: mok_check", r);
   }
   teardown(&s);
   mok_host_layer_destroy(&L);
@@ -306,15 +321,13 @@ static void capacity_overflow(void) {
   for (int64_t t = 0; t < L.tokens; t++) L.topk_ids[2 * t] = 0, L.topk_ids[2 * t + 1] = 1;
   ep_setup s;
   if (setup(&s, &L, 4, 128, 0)) {
-    run_all(&s, 1);
+    run_all(&s, step_main);
     all_failed_untouched(&s, MOK_ERR_CAPACITY, "rank 0 over capacity");
-    for (int r = 0; r < 4; r++)
-      CHECK(mok_check(s.run[r].ws, NULL) == MOK_ERR_CAPACITY, "rank %d: mok_check", r);
   }
   teardown(&s);
   /* The same routing fits in a capacity of 256. */
   if (setup(&s, &L, 4, 256, 0)) {
-    run_all(&s, 1);
+    run_all(&s, step_main);
     for (int r = 0; r < 4; r++)
       CHECK(s.run[r].fwd == MOK_OK && s.run[r].bwd == MOK_OK, "rank %d: %s / %s", r,
             mok_status_name(s.run[r].fwd), mok_status_name(s.run[r].bwd));
@@ -333,7 +346,7 @@ static void refused_arguments_on_one_rank(void) {
     const int64_t good_tokens = s.run[1].f.tokens;
     s.run[1].f.tokens = 0;
     const double t0 = now_s();
-    run_all(&s, 0);
+    run_all(&s, forward_main);
     CHECK(now_s() - t0 < 2.0, "the refusal took %.3f s (a timeout?)", now_s() - t0);
     for (int r = 0; r < 4; r++) {
       CHECK(s.run[r].fwd == MOK_ERR_INVALID_ARG, "rank %d: forward %s", r,
@@ -341,7 +354,7 @@ static void refused_arguments_on_one_rank(void) {
       CHECK(untouched(s.run[r].f.y, s.run[r].y_bytes), "rank %d: y written", r);
     }
     s.run[1].f.tokens = good_tokens;
-    run_all(&s, 1); /* the group still works */
+    run_all(&s, step_main); /* the group still works */
     for (int r = 0; r < 4; r++)
       CHECK(s.run[r].fwd == MOK_OK && s.run[r].bwd == MOK_OK, "rank %d after a refusal: %s / %s",
             r, mok_status_name(s.run[r].fwd), mok_status_name(s.run[r].bwd));
@@ -349,10 +362,7 @@ static void refused_arguments_on_one_rank(void) {
     for (int r = 0; r < 4; r++) memset(s.run[r].b.dx, POISON, (size_t)s.run[r].y_bytes);
     void *dx2 = s.run[2].b.dx;
     s.run[2].b.dx = NULL;
-    pthread_t th[4];
-    for (int r = 0; r < 4; r++)
-      pthread_create(&th[r], NULL, backward_main, &s.run[r]);
-    for (int r = 0; r < 4; r++) pthread_join(th[r], NULL);
+    run_all(&s, backward_main);
     s.run[2].b.dx = dx2;
     for (int r = 0; r < 4; r++) {
       CHECK(s.run[r].bwd == MOK_ERR_INVALID_ARG, "rank %d: backward %s", r,
@@ -364,12 +374,6 @@ static void refused_arguments_on_one_rank(void) {
   mok_host_layer_destroy(&L);
 }
 
-static void *schedule_main(void *p) {
-  rank_run *u = p;
-  u->fwd = mok_schedule(u->ws, &u->f, NULL);
-  return NULL;
-}
-
 /* mok_schedule on every rank: each rank's counts are the global batch's rows of its experts. */
 static void schedule_counts_per_rank(void) {
   mok_host_layer L;
@@ -379,9 +383,7 @@ static void schedule_counts_per_rank(void) {
   for (int64_t s = 0; s < L.tokens * k; s++) want[L.topk_ids[s]]++;
   ep_setup s;
   if (setup(&s, &L, 4, 0, 0)) {
-    pthread_t th[4];
-    for (int r = 0; r < 4; r++) pthread_create(&th[r], NULL, schedule_main, &s.run[r]);
-    for (int r = 0; r < 4; r++) pthread_join(th[r], NULL);
+    run_all(&s, schedule_main);
     for (int r = 0; r < 4; r++) {
       CHECK(s.run[r].fwd == MOK_OK, "rank %d: mok_schedule %s", r, mok_status_name(s.run[r].fwd));
       int32_t got[2] = {-1, -1};
