@@ -23,8 +23,7 @@
  *   B, MN-major: 4 x [64 k][64 n]           (LBO = 8 KB between the 64-wide n blocks)
  * The epilogues write from registers: a quad of threads exchanges its words so that each thread
  * stores 16 contiguous bytes (quad_transpose), which fills whole sectors with no shared memory and
- * no barrier, and lets routed rows scatter to their slots. (An earlier version staged rows in
- * shared memory and sent them with bulk copies; each round waited for the previous copy.)
+ * no barrier, and lets routed rows scatter to their slots.
  *
  * Determinism: each output element is one accumulator summed over K in ascending k-blocks; no
  * split-K, no order-dependent atomics; the tile order, cluster pairing and grid size change no bit.

@@ -61,9 +61,7 @@ MOK_DEV void load_b_mn(__nv_bfloat16 *sb, uint64_t *bar, const gemm_tile *tl, in
 
 /* Rows of A x B^T: routed rows go to their slot t*k+j as bf16 (row_src), plain rows (the shared
  * expert) to fp32 rows r < rows_valid. */
-MOK_DEV void epi_rows(const gemm_args *g, const gemm_tile *tl, gemm_smem *sm, int cw,
-                      float *d) {
-  (void)sm;
+MOK_DEV void epi_rows(const gemm_args *g, const gemm_tile *tl, int cw, float *d) {
   const acc_pos p = acc_position();
 #pragma unroll
   for (int h = 0; h < 2; h++) {
@@ -82,9 +80,7 @@ MOK_DEV void epi_rows(const gemm_args *g, const gemm_tile *tl, gemm_smem *sm, in
 /* Gate/up forward: tile columns [0,128) are gate and [128,256) up, for i = n0 + c.
  * gu = [bf16(g) | bf16(u)], hw = bf16(w * silu(ĝ) * û) from the rounded values, which replace
  * the accumulators (no second copy of the tile in registers). */
-MOK_DEV void epi_swiglu_fwd(const gemm_args *g, const gemm_tile *tl, gemm_smem *sm, int cw,
-                            float *d) {
-  (void)sm;
+MOK_DEV void epi_swiglu_fwd(const gemm_args *g, const gemm_tile *tl, int cw, float *d) {
   const acc_pos p = acc_position();
   const int I = g->n;
 #pragma unroll
@@ -146,9 +142,7 @@ MOK_DEV float2 bf16x2_to_float2(uint32_t w) {
   return __bfloat1622float2(*(const __nv_bfloat162 *)&w);
 }
 
-MOK_DEV void epi_swiglu_bwd(const gemm_args *g, const gemm_tile *tl, gemm_smem *sm,
-                                   int cw, float *d) {
-  (void)sm;
+MOK_DEV void epi_swiglu_bwd(const gemm_args *g, const gemm_tile *tl, int cw, float *d) {
   const acc_pos p = acc_position();
   const int I = g->n;
   gu_group v;
@@ -206,9 +200,7 @@ MOK_DEV void epi_swiglu_bwd(const gemm_args *g, const gemm_tile *tl, gemm_smem *
 /* Weight gradient of expert e: row m < k_split goes to out0[e][m], else out1[e][m - k_split];
  * a bf16 store, or fp32 out += acc: one add per element by the memory system, so the result does
  * not depend on timing. */
-MOK_DEV void epi_wgrad(const gemm_args *g, const gemm_tile *tl, gemm_smem *sm, int cw,
-                       float *d) {
-  (void)sm;
+MOK_DEV void epi_wgrad(const gemm_args *g, const gemm_tile *tl, int cw, float *d) {
   const acc_pos p = acc_position();
   const int split = g->k_split, rest = g->m - g->k_split, esz = g->accumulate ? 4 : 2;
 #pragma unroll
@@ -263,7 +255,7 @@ MOK_DEV void epi_wgrad(const gemm_args *g, const gemm_tile *tl, gemm_smem *sm, i
         continue;                                                                            \
       }                                                                                      \
       gemm_consume(sm, &pipe, tl.k_blocks, cw, A_MN, B_MN, d);                               \
-      EPI(&g, &tl, sm, cw, d);                                                               \
+      EPI(&g, &tl, cw, d);                                                                   \
     }                                                                                        \
   }                                                                                          \
   cluster_sync(); /* the peer may still multicast into us or release our stages */
@@ -272,7 +264,8 @@ MOK_DEV void epi_wgrad(const gemm_args *g, const gemm_tile *tl, gemm_smem *sm, i
 
 /* A [rows, H] K-major; B = gate rows i0..i0+127 then up rows i0..i0+127 of expert e. */
 KERNEL gemm_fwd_gateup(const __grid_constant__ gemm_args g) {
-  GEMM_KERNEL_BODY(rowgroup_pair_count(&g, 128), rowgroup_tile(&g, q, 128, rank),
+  GEMM_KERNEL_BODY(rowgroup_pair_count(&g, GEMM_BN_GATEUP),
+                   rowgroup_tile(&g, q, GEMM_BN_GATEUP, rank),
                    (tma_load_2d(sa, &g.a, bar, kb * 64, tl.m0),
                     load_b_kmajor(sb, bar, &tl, rank, &g.b0, tl.n0, &g.b1, tl.n0, kb * 64)),
                    0, 0, epi_swiglu_fwd)
@@ -280,7 +273,7 @@ KERNEL gemm_fwd_gateup(const __grid_constant__ gemm_args g) {
 
 /* A [rows, I] K-major; B = W_down[e] [H, I] K-major, rows n0..n0+255 in two halves. */
 KERNEL gemm_fwd_down(const __grid_constant__ gemm_args g) {
-  GEMM_KERNEL_BODY(rowgroup_pair_count(&g, 256), rowgroup_tile(&g, q, 256, rank),
+  GEMM_KERNEL_BODY(rowgroup_pair_count(&g, GEMM_BN), rowgroup_tile(&g, q, GEMM_BN, rank),
                    (tma_load_2d(sa, &g.a, bar, kb * 64, tl.m0),
                     load_b_kmajor(sb, bar, &tl, rank, &g.b0, tl.n0, &g.b0, tl.n0 + 128,
                                   kb * 64)),
@@ -289,7 +282,7 @@ KERNEL gemm_fwd_down(const __grid_constant__ gemm_args g) {
 
 /* A [rows, H] K-major; B[n = i, k = h] = W_down[e][h, i]: MN-major boxes [64 h][64 i]. */
 KERNEL gemm_dgrad_down(const __grid_constant__ gemm_args g) {
-  GEMM_KERNEL_BODY(rowgroup_pair_count(&g, 256), rowgroup_tile(&g, q, 256, rank),
+  GEMM_KERNEL_BODY(rowgroup_pair_count(&g, GEMM_BN), rowgroup_tile(&g, q, GEMM_BN, rank),
                    (tma_load_2d(sa, &g.a, bar, kb * 64, tl.m0),
                     load_b_mn(sb, bar, &tl, rank, &g.b0, kb * 64, tl.expert)),
                    0, 1, epi_swiglu_bwd)
@@ -305,7 +298,7 @@ MOK_DEV void load_gateup_mn(const gemm_args *g, __nv_bfloat16 *sb, uint64_t *bar
 
 /* A [rows, 2I] K-major (dgu); B from W_gate then W_up, MN-major. */
 KERNEL gemm_dgrad_gateup(const __grid_constant__ gemm_args g) {
-  GEMM_KERNEL_BODY(rowgroup_pair_count(&g, 256), rowgroup_tile(&g, q, 256, rank),
+  GEMM_KERNEL_BODY(rowgroup_pair_count(&g, GEMM_BN), rowgroup_tile(&g, q, GEMM_BN, rank),
                    (tma_load_2d(sa, &g.a, bar, kb * 64, tl.m0),
                     load_gateup_mn(&g, sb, bar, &tl, rank, kb)),
                    0, 1, epi_rows)
@@ -367,9 +360,13 @@ cudaError_t gemm_launch(gemm_kind kind, const gemm_args *g, int max_ctas, cudaSt
   const int C = GEMM_CLUSTER;
   int pairs;
   switch (kind) {
-    case GEMM_FWD_GATEUP: pairs = ceil_div(g->m_tiles_max, C) * ceil_div(g->n, 128); break;
-    case GEMM_WGRAD: pairs = g->experts * ceil_div(g->m_tiles_max, C) * ceil_div(g->n, 256); break;
-    default: pairs = ceil_div(g->m_tiles_max, C) * ceil_div(g->n, 256); break;
+    case GEMM_FWD_GATEUP:
+      pairs = ceil_div(g->m_tiles_max, C) * ceil_div(g->n, GEMM_BN_GATEUP);
+      break;
+    case GEMM_WGRAD:
+      pairs = g->experts * ceil_div(g->m_tiles_max, C) * ceil_div(g->n, GEMM_BN);
+      break;
+    default: pairs = ceil_div(g->m_tiles_max, C) * ceil_div(g->n, GEMM_BN); break;
   }
   int ctas = C * pairs < max_ctas ? C * pairs : max_ctas;
   if (ctas < C) ctas = C;

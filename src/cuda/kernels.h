@@ -16,10 +16,8 @@
 #define GEMM_BK 64       /* k-block: 64 bf16 = one 128-byte swizzle row */
 #define GEMM_STAGES 4
 #define GEMM_THREADS 384 /* producer warpgroup + two consumer warpgroups */
-/* CTAs per cluster sharing (multicasting) B tiles, 1 or 2. 2 is 6-9 % faster on large-K
- * forward products. It used to hang (perf-log 2026-12-02): in the phantom k-loop warps 1-3 could
- * fall two phases behind; a forced 100 us delay of those warps reproduced the hang, and the
- * warpgroup barrier in gemm_consume_phantom cured it (perf-log, 86bffbf). */
+#define GEMM_BN_GATEUP 128 /* gate/up forward: output columns of a tile (128 gate + 128 up) */
+/* CTAs per cluster sharing (multicasting) B tiles, 1 or 2 (gemm.cuh; measured in DESIGN §2.2). */
 #ifndef GEMM_CLUSTER
 #define GEMM_CLUSTER 2
 #endif
@@ -39,17 +37,18 @@ typedef struct gemm_args {
   CUtensorMap b1;  /* up weights for the gate/up kernels; unused otherwise */
 
   /* Tile space. Row-grouped kernels: M = routed rows grouped by expert (offsets, mblock_expert
-   * from the schedule), or a plain T rows (offsets == NULL: one expert, m_tiles_fixed tiles).
+   * from the schedule), or a plain T rows (offsets == NULL: one expert, m_tiles_max tiles).
    * Weight-gradient kernels: `experts` independent products, K = each expert's rows. */
   const int32_t *offsets;        /* [E_local + 1] padded segment starts, or NULL */
   const int32_t *mblock_expert;  /* [rows_cap / 128], or NULL */
   const int32_t *status;         /* the call's error word: non-zero means do nothing */
-  int experts;      /* weight-gradient kernels: E_local (or 1 for the shared expert) */
+  int experts;      /* E_local (or 1 for the shared expert): offsets[experts] ends the rows */
   int m_tiles_max;  /* upper bound of M tiles (grid sizing, wgrad: exact) */
-  int m;            /* M extent where fixed (weight gradients; shared rows T) */
+  int m;            /* weight gradients: M extent (output rows) */
   int n;            /* N extent */
   int k;            /* K extent where fixed (row-grouped kernels) */
-  int k_split;      /* dgrad gate/up: K index where W_up takes over from W_gate (= I) */
+  int k_split;      /* = I: dgrad gate/up, the K index where W_up takes over from W_gate;
+                     * weight gradients, the output row where out1 takes over from out0 */
 
   /* Epilogue. */
   const float *row_weight;  /* [rows] router weight per routed row, or NULL (= 1) */
@@ -64,9 +63,9 @@ typedef struct gemm_args {
 } gemm_args;
 
 /* Once per device, before any launch and outside graph capture: sets the kernels' attributes and
- * gives the most CTAs (clusters of two, one CTA per SM) that can be resident at once. */
+ * gives the most CTAs (clusters of GEMM_CLUSTER, one CTA per SM) that can be resident at once. */
 cudaError_t gemm_init(int *max_ctas);
-/* Launches on at most `ctas` CTAs (even); the grid never changes a bit of the result. */
+/* Launches on at most `ctas` CTAs (a multiple of GEMM_CLUSTER); the grid never changes a bit. */
 cudaError_t gemm_launch(gemm_kind kind, const gemm_args *g, int ctas, cudaStream_t stream);
 
 /* ---- tensor maps (tma.cu) ------------------------------------------------------------------- */
@@ -107,7 +106,7 @@ cudaError_t combine_launch(const int32_t *status, int T, int k, int H, const flo
                            const __nv_bfloat16 *slots, __nv_bfloat16 *out, cudaStream_t stream);
 /* d_topk_weights[s] = sum over chunks c ascending of part[s, c]. Also copies the call's error
  * bits into `sticky`, so a backward on a failed forward's saved buffer is reported again. */
-cudaError_t router_grad_launch(const int32_t *status, int32_t *sticky, int slots, int chunks, const float *part,
-                               float *out, cudaStream_t stream);
+cudaError_t router_grad_launch(const int32_t *status, int32_t *sticky, int slots, int chunks,
+                               const float *part, float *out, cudaStream_t stream);
 
 #endif /* MOK_CUDA_KERNELS_H */

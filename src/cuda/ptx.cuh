@@ -62,7 +62,6 @@ MOK_DEV void mbarrier_arrive(uint64_t *bar) {
                : "memory");
 }
 
-/* Arrives and tells the barrier to wait for `bytes` more bytes of TMA traffic. */
 /* Arrives on an mbarrier of any CTA of the cluster (address from mapa_shared). The default
  * .release.cta is enough: what the arrival publishes is that our wgmma reads of the stage are
  * complete (wgmma.wait_group), not any write; a .cluster-scope release would fence every k-block
@@ -71,6 +70,7 @@ MOK_DEV void mbarrier_arrive_cluster(uint32_t cluster_addr) {
   asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];" ::"r"(cluster_addr) : "memory");
 }
 
+/* Arrives and tells the barrier to wait for `bytes` more bytes of TMA traffic. */
 MOK_DEV void mbarrier_arrive_expect_tx(uint64_t *bar, uint32_t bytes) {
   asm volatile("mbarrier.arrive.expect_tx.release.cta.shared::cta.b64 _, [%0], %1;"
                ::"r"(smem_u32(bar)), "r"(bytes) : "memory");
