@@ -61,7 +61,7 @@ static void compare_outputs(const char *tag, const harness *out, const harness *
                                         : rel_err_bf16(out->g[i], ref->g[i], n);
     CHECK(e < TOL, "%s: %s rel err %.3g", tag, grad_name[i], e);
   }
-  /* The saved activations: every GEMM output that backward reads. */
+  /* The saved activations: gu, hw and the shared expert's gus. */
   mok_saved_layout S = mok_saved_layout_of(ref->ws, ref->T);
   const int32_t *off = (const int32_t *)((const char *)ref->saved + S.offsets);
   size_t rows = (size_t)off[ref->ws->experts_local];
@@ -341,8 +341,6 @@ static void batch_subsets(void) {
   harness_fini(&so);
 }
 
-/* A bad expert id: the calls queue fine, mok_check reports it, every output is untouched; the
- * backward on that saved buffer is reported again; the next good call works. */
 /* Forward then backward of d, which must fail on the device with `want` (reported by mok_check
  * after each), leaving every output as poisoned (compared with `poison`, read back into `out`). */
 static void failing_call_untouched(gpu_layer *d, harness *out, const harness *poison,
@@ -369,6 +367,8 @@ static void good_call_after(gpu_layer *d, const harness *h, harness *out, int64_
   CHECK(nan_count_bf16(out->y, T * h->L.shape.hidden) == 0, "the good call left y unwritten");
 }
 
+/* A bad expert id: the calls queue fine, mok_check reports it, every output is untouched; the
+ * backward on that saved buffer is reported again; the next good call works. */
 static void bad_expert_id(void) {
   mok_shape s = shape_of(200, 128, 128, 64, 8, 2);
   harness h, out, poison;
@@ -435,7 +435,8 @@ static void host_pointer_refused(void) {
   harness_fini(&h);
 }
 
-/* Recompute fills saved exactly as forward does; backward from it gives the same bits. */
+/* Recompute fills saved's activations (gu, hw, gus, hs) exactly as forward does; backward from
+ * it gives the same dx and dw_gate. */
 static void recompute_matches_forward(void) {
   mok_shape s = shape_of(333, 256, 192, 64, 8, 3);
   harness h, a, b;
@@ -457,7 +458,8 @@ static void recompute_matches_forward(void) {
       same_bits("recompute hw..hs", (char *)b.saved + S.hw, (char *)a.saved + S.hw,
                 S.bytes - S.hw);
       same_bits("recompute dx", b.dx, a.dx, 333 * 256 * 2);
-      same_bits("recompute dw_gate", b.g[G_GATE], a.g[G_GATE], (size_t)grad_bytes(&a, G_GATE, MOK_GRAD_WRITE_BF16));
+      same_bits("recompute dw_gate", b.g[G_GATE], a.g[G_GATE],
+                (size_t)grad_bytes(&a, G_GATE, MOK_GRAD_WRITE_BF16));
     }
     gpu_fini(&d);
   }
