@@ -147,7 +147,7 @@ static int32_t mixed(int64_t t, int64_t j) { return (int32_t)((t * 5 + j * 3) % 
 
 static void empty_experts(void) { run_case(40, 40, 8, 2, two_experts, 11, "empty experts"); }
 static void one_expert(void) { run_case(200, 200, 4, 1, all_on_two, 12, "all on one expert"); }
-static void single_token(void) { run_case(1, 1, 3, 1, all_on_two, 13, "T = 1, k = 1, last expert"); }
+static void single_token(void) { run_case(1, 1, 3, 1, all_on_two, 13, "T = 1, k = 1"); }
 static void tile_edges(void) { run_case(257, 257, 3, 1, split_128_129, 14, "128 and 129 rows"); }
 static void duplicate_ids(void) { run_case(5, 5, 4, 3, duplicates, 15, "duplicate ids"); }
 static void partial_batch(void) { run_case(300, 77, 7, 3, mixed, 16, "T < max_tokens"); }
