@@ -52,10 +52,6 @@ mok_status mok_context_create(const mok_context_config *cfg, mok_context **out) 
               "(mok_ep_group_create_emulated)", cfg->ep_size);
     CHECK_ARG(cfg->group->size == cfg->ep_size, "ep_size is %d but the group has %d ranks",
               cfg->ep_size, cfg->group->size);
-    if (cfg->backend != MOK_BACKEND_CPU)
-      return mok_fail(MOK_ERR_UNSUPPORTED,
-                      "expert parallelism (ep_size %d) runs on the CPU backend only so far",
-                      cfg->ep_size);
   }
   mok_context *ctx = calloc(1, sizeof *ctx);
   if (!ctx) return mok_fail(MOK_ERR_OUT_OF_MEMORY, "no host memory for a context");
@@ -129,6 +125,10 @@ mok_status mok_workspace_create(mok_context *ctx, const mok_shape *shape, mok_wo
     return st;
   }
   st = mok_group_join(ctx->cfg.group, ctx->cfg.ep_rank, ws);
+  if (st == MOK_OK && ctx->cfg.group && ctx->ops->group_ready) {
+    st = ctx->ops->group_ready(ws);
+    if (st != MOK_OK) mok_group_leave(ctx->cfg.group, ctx->cfg.ep_rank, ws);
+  }
   if (st != MOK_OK) {
     ctx->ops->workspace_fini(ws);
     free(ws);
@@ -224,15 +224,28 @@ static mok_status check_forward(const mok_workspace *ws, const mok_forward_args 
  * every rank fails the call at once (and the group stays usable), then keeps its own message.
  * A call on a group that has timed out is refused before it publishes anything (a late peer may
  * still be reading this rank's buffers). */
-static mok_status refuse_with_peers(mok_workspace *ws, mok_status st) {
-  if (st == MOK_OK && ws->ctx->cfg.group && mok_group_broken(ws->ctx->cfg.group))
+static mok_status refuse_with_peers(mok_workspace *ws, mok_status st, void *stream) {
+  mok_ep_group *g = ws ? ws->ctx->cfg.group : NULL;
+  if (st == MOK_OK && g && mok_group_broken(g))
     return mok_fail(MOK_ERR_TIMEOUT, "an earlier call of this EP group timed out, which leaves "
                                      "the group failed; create a new one");
-  if (st == MOK_OK || !ws || !ws->ctx->cfg.group) return st;
+  mok_workspace *members[MOK_EP_MAX];
+  if (g && ws->ctx->ops->refuse && !mok_group_members(g, members)) {
+    /* Device barriers need every rank's buffers: refused here, the others will time out. */
+    int missing = 0;
+    while (members[missing]) missing++;
+    return mok_fail(MOK_ERR_INVALID_ARG, "rank %d of the EP group has no workspace; every rank "
+                                         "needs one before any rank calls", missing);
+  }
+  if (st == MOK_OK || !g) return st;
   char msg[512];
   snprintf(msg, sizeof msg, "%s", mok_last_error());
-  int32_t bits = MOK_DEVERR_PEER_ARG;
-  (void)mok_group_barrier(ws->ctx->cfg.group, &bits);
+  if (ws->ctx->ops->refuse) {
+    (void)ws->ctx->ops->refuse(ws, stream);
+  } else {
+    int32_t bits = MOK_DEVERR_PEER_ARG;
+    (void)mok_group_barrier(g, &bits);
+  }
   return mok_fail(st, "%s", msg);
 }
 
@@ -245,17 +258,17 @@ static mok_status check_schedule(const mok_workspace *ws, const mok_forward_args
 }
 
 mok_status mok_schedule(mok_workspace *ws, const mok_forward_args *a, void *stream) {
-  TRY(refuse_with_peers(ws, check_schedule(ws, a)));
+  TRY(refuse_with_peers(ws, check_schedule(ws, a), stream));
   return ws->ctx->ops->schedule(ws, a, stream);
 }
 
 mok_status mok_forward(mok_workspace *ws, const mok_forward_args *a, void *stream) {
-  TRY(refuse_with_peers(ws, check_forward(ws, a, 1)));
+  TRY(refuse_with_peers(ws, check_forward(ws, a, 1), stream));
   return ws->ctx->ops->forward(ws, a, 1, stream);
 }
 
 mok_status mok_recompute(mok_workspace *ws, const mok_forward_args *a, void *stream) {
-  TRY(refuse_with_peers(ws, check_forward(ws, a, 0)));
+  TRY(refuse_with_peers(ws, check_forward(ws, a, 0), stream));
   return ws->ctx->ops->forward(ws, a, 0, stream);
 }
 
@@ -279,7 +292,7 @@ static mok_status check_backward(const mok_workspace *ws, const mok_backward_arg
 }
 
 mok_status mok_backward(mok_workspace *ws, const mok_backward_args *a, void *stream) {
-  TRY(refuse_with_peers(ws, check_backward(ws, a)));
+  TRY(refuse_with_peers(ws, check_backward(ws, a), stream));
   return ws->ctx->ops->backward(ws, a, stream);
 }
 
@@ -287,6 +300,7 @@ mok_status mok_check(mok_workspace *ws, void *stream) {
   CHECK_ARG(ws != NULL, "ws is NULL; create one with mok_workspace_create");
   int32_t bits = 0;
   TRY(ws->ctx->ops->check(ws, stream, &bits));
+  if (bits & MOK_DEVERR_TIMEOUT) mok_group_break(ws->ctx->cfg.group); /* barrier counts differ */
   if (bits & MOK_DEVERR_EXPERT_ID)
     return mok_fail(MOK_ERR_EXPERT_ID,
                     "a call saw an expert id outside 0..E-1 (E = %d) in topk_ids; its outputs "
@@ -297,7 +311,8 @@ mok_status mok_check(mok_workspace *ws, void *stream) {
                     "a call routed more rows than the workspace holds; its outputs were left "
                     "untouched");
   if (bits & MOK_DEVERR_TIMEOUT)
-    return mok_fail(MOK_ERR_TIMEOUT, "a peer rank did not arrive in time");
+    return mok_fail(MOK_ERR_TIMEOUT, "a rank of the EP group did not arrive within the group's "
+                                     "timeout; the group is failed now, create a new one");
   if (bits & MOK_DEVERR_PEER_ARG)
     return mok_fail(MOK_ERR_INVALID_ARG, "a call was refused on another rank of the EP group for "
                                          "a bad argument; it was left undone on every rank");

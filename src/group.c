@@ -79,7 +79,9 @@ mok_status mok_group_join(mok_ep_group *g, int rank, mok_workspace *ws) {
   mok_workspace *other = g->ws[rank];
   int differs = -1;
   for (int r = 0; r < g->size && differs < 0; r++)
-    if (g->ws[r] && !same_shape(&g->ws[r]->shape, &ws->shape)) differs = r;
+    if (g->ws[r] && (!same_shape(&g->ws[r]->shape, &ws->shape) ||
+                     g->ws[r]->ctx->ops != ws->ctx->ops))
+      differs = r;
   if (!other && differs < 0) g->ws[rank] = ws;
   pthread_mutex_unlock(&y->mu);
   if (other)
@@ -88,9 +90,29 @@ mok_status mok_group_join(mok_ep_group *g, int rank, mok_workspace *ws) {
                     rank);
   if (differs >= 0)
     return mok_fail(MOK_ERR_INVALID_ARG,
-                    "rank %d's workspace has another shape than rank %d's; every rank of an EP "
-                    "group needs the same shape", rank, differs);
+                    "rank %d's workspace has another shape or backend than rank %d's; every rank "
+                    "of an EP group needs the same shape and backend", rank, differs);
   return MOK_OK;
+}
+
+void mok_group_break(mok_ep_group *g) {
+  if (!g) return;
+  group_sync *y = g->sync;
+  pthread_mutex_lock(&y->mu);
+  g->broken = 1;
+  pthread_mutex_unlock(&y->mu);
+}
+
+int mok_group_members(mok_ep_group *g, mok_workspace **out) {
+  group_sync *y = g->sync;
+  pthread_mutex_lock(&y->mu);
+  int all = 1;
+  for (int r = 0; r < g->size; r++) {
+    out[r] = g->ws[r];
+    all = all && g->ws[r];
+  }
+  pthread_mutex_unlock(&y->mu);
+  return all;
 }
 
 int mok_group_broken(const mok_ep_group *g) {

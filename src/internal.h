@@ -83,6 +83,10 @@ void mok_group_leave(mok_ep_group *g, int rank, struct mok_workspace *ws);
 /* A barrier of the group timed out: api.c refuses later calls before they publish anything (a
  * peer that is late, not gone, may still be reading). */
 int mok_group_broken(const mok_ep_group *g);
+/* Marks the group failed (a device barrier timed out; seen at mok_check). */
+void mok_group_break(mok_ep_group *g);
+/* 1 and every rank's workspace in out[0..size) if each rank has one, else 0. */
+int mok_group_members(mok_ep_group *g, struct mok_workspace **out);
 
 struct mok_backend_ops;
 
@@ -122,6 +126,12 @@ typedef struct mok_backend_ops {
   /* Copies `bytes` from backend memory at `src` to host `dst`, after the stream's work. */
   mok_status (*copy_to_host)(mok_workspace *ws, void *dst, const void *src, size_t bytes,
                              void *stream);
+  /* EP, where the backend meets its group on the device (NULL: the host barrier of group.c):
+   * group_ready: every rank of the group has its workspace now (each rank's is passed);
+   * refuse: a call api.c refused still meets the group at its opening barrier, carrying
+   * MOK_DEVERR_PEER_ARG, so that every rank fails it. */
+  mok_status (*group_ready)(mok_workspace *ws);
+  mok_status (*refuse)(mok_workspace *ws, void *stream);
 } mok_backend_ops;
 
 extern const mok_backend_ops mok_cpu_ops;

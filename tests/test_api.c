@@ -61,8 +61,6 @@ static void context_arguments(void) {
   EXPECT_FAIL(mok_context_create(&bad, &ctx), MOK_ERR_INVALID_ARG, "has 2 ranks", ctx);
   bad = cfg, bad.ep_size = 1, bad.group = grp;
   EXPECT_FAIL(mok_context_create(&bad, &ctx), MOK_ERR_INVALID_ARG, "has 2 ranks", ctx);
-  bad = cfg, bad.ep_size = 2, bad.ep_rank = 1, bad.group = grp, bad.backend = MOK_BACKEND_CUDA;
-  EXPECT_FAIL(mok_context_create(&bad, &ctx), MOK_ERR_UNSUPPORTED, "CPU backend only", ctx);
   /* One workspace per rank and group. */
   bad = cfg, bad.ep_size = 2, bad.ep_rank = 1, bad.group = grp;
   CHECK_OK(mok_context_create(&bad, &ctx));

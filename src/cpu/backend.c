@@ -108,4 +108,4 @@ static mok_status cpu_copy_to_host(mok_workspace *ws, void *dst, const void *src
 
 const mok_backend_ops mok_cpu_ops = {
     "cpu",           cpu_context_init,  cpu_workspace_init, cpu_workspace_fini, cpu_layer_schedule,
-    cpu_layer_forward, cpu_layer_backward, cpu_check,        cpu_copy_to_host};
+    cpu_layer_forward, cpu_layer_backward, cpu_check,        cpu_copy_to_host, NULL, NULL};

@@ -5,6 +5,10 @@
  *             -> combine
  *   backward: dispatch x, dy -> down dgrad (+SwiGLU bwd, router partials) -> gate/up dgrad
  *             -> weight grads -> [shared expert likewise] -> combine, router gradient
+ * With an EP group (DESIGN §2.3) each direction also publishes this rank's inputs into its
+ * symmetric buffers and meets the group at device barriers (ep.cu): open (inputs published),
+ * check (after the schedule: ids, capacity), close (every push into this rank's slots done);
+ * routed outputs and router partials are pushed into the slots of the token's own rank.
  * Nothing here synchronises or allocates after workspace creation.
  */
 #include <cuda_runtime.h>
@@ -87,6 +91,15 @@ static mok_status cuda_context_init(mok_context *ctx) {
 /* ---- workspace scratch ------------------------------------------------------------------------ */
 typedef struct scratch_layout {
   size_t sticky;        /* int32: error bits until mok_check */
+  size_t bstatus;       /* int32 [4]: backward's error word (a copy of the forward's, so that
+                         * the group's barrier can add to it without touching saved) */
+  size_t rstatus;       /* int32 [4]: the error word of a call refused on the host */
+  size_t table;         /* ep_table: every rank's symmetric buffers */
+  size_t flags;         /* u64 [2][EP_MAX]: barrier words the ranks write here (ep.cu) */
+  size_t epoch;         /* u32: barriers passed */
+  size_t sym_tokens;    /* int32: published T */
+  size_t sym_ids, sym_w;  /* [max_tokens * k] published topk_ids, topk_weights (ep > 1) */
+  size_t sym_x, sym_dy;   /* bf16 [max_tokens, H] published x, dy (ep > 1) */
   size_t chunk_counts;  /* int32 [chunks, E_local] */
   size_t xr, dyr;       /* bf16 [rows_cap, H] routed x and dy rows */
   size_t slots;         /* bf16 [T*k, H] expert output (fwd) / dx (bwd) per slot */
@@ -108,8 +121,20 @@ static scratch_layout scratch_layout_of(const mok_workspace *ws, int64_t rows_ca
   const int64_t T = s->max_tokens, slots = T * s->top_k;
   scratch_layout L;
   size_t c = 0;
+  const int64_t ranks = ws->ctx->cfg.ep_size, pub = ranks > 1;
   L.sticky = mok_take(&c, 16);
-  L.chunk_counts = mok_take(&c, (slots + SCHED_CHUNK - 1) / SCHED_CHUNK * ws->experts_local * 4);
+  L.bstatus = mok_take(&c, 16);
+  L.rstatus = mok_take(&c, 16);
+  L.table = mok_take(&c, sizeof(ep_table));
+  L.flags = mok_take(&c, 2 * EP_MAX * 8);
+  L.epoch = mok_take(&c, 16);
+  L.sym_tokens = mok_take(&c, 16);
+  L.sym_ids = mok_take(&c, pub * slots * 4);
+  L.sym_w = mok_take(&c, pub * slots * 4);
+  L.sym_x = mok_take(&c, pub * T * s->hidden * 2);
+  L.sym_dy = mok_take(&c, pub * T * s->hidden * 2);
+  L.chunk_counts =
+      mok_take(&c, ranks * ((slots + SCHED_CHUNK - 1) / SCHED_CHUNK) * ws->experts_local * 4);
   L.xr = mok_take(&c, rows_cap * s->hidden * 2);
   L.dyr = mok_take(&c, rows_cap * s->hidden * 2);
   L.slots = mok_take(&c, slots * s->hidden * 2);
@@ -120,6 +145,9 @@ static scratch_layout scratch_layout_of(const mok_workspace *ws, int64_t rows_ca
   L.bytes = c;
   return L;
 }
+
+static void cuda_workspace_fini(mok_workspace *ws);
+static mok_status table_write(mok_workspace *ws);
 
 static mok_status cuda_workspace_init(mok_workspace *ws) {
   const mok_shape *s = &ws->shape;
@@ -150,6 +178,11 @@ static mok_status cuda_workspace_init(mok_workspace *ws) {
   }
   ws->backend = cw;
   ws->bytes = cw->L.bytes;
+  st = table_write(ws);
+  if (st != MOK_OK) {
+    cuda_workspace_fini(ws);
+    return st;
+  }
   return MOK_OK;
 }
 
@@ -165,6 +198,49 @@ static void cuda_workspace_fini(mok_workspace *ws) {
   ws->backend = NULL;
 }
 
+/* ---- the EP table ------------------------------------------------------------------------------ */
+/* Rank r's entries, from its workspace. */
+static void table_entry(ep_table *t, int r, const mok_workspace *ws) {
+  const cuda_ws *cw = (const cuda_ws *)ws->backend;
+  const scratch_layout *L = &cw->L;
+  t->x[r] = (const __nv_bfloat16 *)(cw->mem + L->sym_x);
+  t->dy[r] = (const __nv_bfloat16 *)(cw->mem + L->sym_dy);
+  t->ids[r] = (const int32_t *)(cw->mem + L->sym_ids);
+  t->w[r] = (const float *)(cw->mem + L->sym_w);
+  t->tokens[r] = (const int32_t *)(cw->mem + L->sym_tokens);
+  t->slots[r] = cw->mem + L->slots;
+  t->dtw[r] = (float *)(cw->mem + L->dtw_part);
+  t->flags[r] = (unsigned long long *)(cw->mem + L->flags);
+}
+
+/* Writes `ws`'s table: every rank of a complete group, else only its own entry. Called at
+ * creation and whenever the group's table changes (outside any capture). */
+static mok_status table_write(mok_workspace *ws) {
+  const mok_context *ctx = ws->ctx;
+  cuda_ws *cw = (cuda_ws *)ws->backend;
+  ep_table t;
+  memset(&t, 0, sizeof t);
+  mok_ep_group *grp = ctx->cfg.group;
+  mok_workspace *members[EP_MAX] = {0};
+  if (grp && mok_group_members(grp, members))
+    for (int r = 0; r < ctx->cfg.ep_size; r++) table_entry(&t, r, members[r]);
+  else
+    table_entry(&t, ctx->cfg.ep_rank, ws);
+  device_guard g;
+  TRY(device_enter(ctx, &g));
+  cudaError_t e = cudaMemcpy(cw->mem + cw->L.table, &t, sizeof t, cudaMemcpyHostToDevice);
+  device_leave(ctx, &g);
+  return e == cudaSuccess ? MOK_OK : cuda_fail(e, "EP table");
+}
+
+/* The group has every rank's workspace now: each rank's table gets all of them. */
+static mok_status cuda_group_ready(mok_workspace *ws) {
+  mok_workspace *members[EP_MAX] = {0};
+  if (!mok_group_members(ws->ctx->cfg.group, members)) return MOK_OK;
+  for (int r = 0; r < ws->ctx->cfg.ep_size; r++) TRY(table_write(members[r]));
+  return MOK_OK;
+}
+
 /* ---- per-call views --------------------------------------------------------------------------- */
 typedef struct call {
   mok_workspace *ws;
@@ -174,6 +250,8 @@ typedef struct call {
   char *scratch;
   const scratch_layout *L;
   int T, H, I, Is, k, E_local;
+  int rank, ranks, slots_cap; /* EP: this rank, the group's size (1 without a group) */
+  int32_t *status;            /* the error word the kernels of this call check */
 } call;
 
 #define AT(base, off, type) ((type *)((base) + (off)))
@@ -193,10 +271,38 @@ static call call_of(mok_workspace *ws, int64_t tokens, const void *saved, void *
   c.Is = (int)ws->shape.shared_inter;
   c.k = ws->shape.top_k;
   c.E_local = (int)ws->experts_local;
+  c.rank = ws->ctx->cfg.ep_rank;
+  c.ranks = ws->ctx->cfg.ep_size;
+  c.slots_cap = (int)(ws->shape.max_tokens * c.k);
+  c.status = saved ? AT(c.saved, c.S.status, int32_t) : NULL;
   return c;
 }
 
-static const int32_t *status_of(const call *c) { return AT(c->saved, c->S.status, int32_t); }
+static const int32_t *status_of(const call *c) { return c->status; }
+static const ep_table *table_of(const call *c) { return AT(c->scratch, c->L->table, ep_table); }
+
+/* The group's barrier (no group: nothing); `add`: error bits of this rank. */
+static mok_status barrier_with(const call *c, int when, int32_t add) {
+  const mok_ep_group *grp = c->ws->ctx->cfg.group;
+  if (!grp) return MOK_OK;
+  CUDA_TRY(ep_barrier_launch(table_of(c), c->rank, c->ranks, when, c->status,
+                             AT(c->scratch, c->L->sticky, int32_t),
+                             AT(c->scratch, c->L->epoch, unsigned),
+                             AT(c->scratch, c->L->sym_tokens, int32_t), c->T, add,
+                             (long long)grp->timeout_ms * 1000000LL, c->stream),
+           "EP barrier");
+  return MOK_OK;
+}
+
+static mok_status barrier(const call *c, int when) { return barrier_with(c, when, 0); }
+
+/* Copies `bytes` of this rank's input into its symmetric buffer at `off` (ep > 1). */
+static mok_status publish(const call *c, size_t off, const void *src, size_t bytes) {
+  if (c->ranks == 1) return MOK_OK;
+  CUDA_TRY(cudaMemcpyAsync(c->scratch + off, src, bytes, cudaMemcpyDeviceToDevice, c->stream),
+           "EP publish");
+  return MOK_OK;
+}
 
 /* Host-checkable: every pointer the kernels touch must be device memory. */
 static mok_status check_device(const void *p, const char *name) {
@@ -246,6 +352,8 @@ static mok_status run(const call *c, gemm_kind kind, const gemm_args *g, const c
 
 /* Row-grouped tile space: routed rows from the schedule, or T plain rows (shared expert). */
 static void rows_routed(const call *c, gemm_args *g) {
+  g->peer_out = table_of(c)->slots;
+  g->slots_cap = c->slots_cap;
   g->offsets = AT(c->saved, c->S.offsets, int32_t);
   g->mblock_expert = AT(c->saved, c->S.mblock_expert, int32_t);
   g->experts = c->E_local;
@@ -271,7 +379,7 @@ static mok_status gateup_fwd(const call *c, int routed, const void *a, const voi
   TRY(map3(&g.b0, w_gate, experts, I, c->H, 128));
   TRY(map3(&g.b1, w_up, experts, I, c->H, 128));
   if (routed) rows_routed(c, &g); else rows_plain(c, &g);
-  g.status = status_of(c);
+  g.status = c->status;
   g.n = (int)I;
   g.k = c->H;
   g.row_weight = routed ? AT(c->saved, c->S.row_weight, float) : NULL;
@@ -289,7 +397,7 @@ static mok_status down_fwd(const call *c, int routed, const void *a, const void 
   TRY(map2(&g.a, a, rows, I, 128));
   TRY(map3(&g.b0, w_down, experts, c->H, I, 128));
   if (routed) rows_routed(c, &g); else rows_plain(c, &g);
-  g.status = status_of(c);
+  g.status = c->status;
   g.n = c->H;
   g.k = (int)I;
   g.row_src = routed ? AT(c->saved, c->S.row_src, int32_t) : NULL;
@@ -300,21 +408,21 @@ static mok_status down_fwd(const call *c, int routed, const void *a, const void 
 
 /* dgu, router partials <- A [rows, H] x W_down, SwiGLU backward with the saved gu. */
 static mok_status down_dgrad(const call *c, int routed, const void *a, const void *w_down,
-                             int64_t experts, int64_t I, const void *gu, void *dgu, float *part) {
+                             int64_t experts, int64_t I, const void *gu, void *dgu, int part) {
   gemm_args g;
   memset(&g, 0, sizeof g);
   int64_t rows = routed ? c->S.rows_cap : c->T;
   TRY(map2(&g.a, a, rows, c->H, 128));
   TRY(map3(&g.b0, w_down, experts, c->H, I, 64));
   if (routed) rows_routed(c, &g); else rows_plain(c, &g);
-  g.status = status_of(c);
+  g.status = c->status;
   g.n = (int)I;
   g.k = c->H;
   g.row_weight = routed ? AT(c->saved, c->S.row_weight, float) : NULL;
   g.row_src = routed ? AT(c->saved, c->S.row_src, int32_t) : NULL;
   g.gu_in = (const __nv_bfloat16 *)gu;
   g.out0 = dgu;
-  g.aux = part;
+  g.peer_aux = part ? table_of(c)->dtw : NULL;
   return run(c, GEMM_DGRAD_DOWN, &g, "down dgrad");
 }
 
@@ -328,7 +436,7 @@ static mok_status gateup_dgrad(const call *c, int routed, const void *dgu, const
   TRY(map3(&g.b0, w_gate, experts, I, c->H, 64));
   TRY(map3(&g.b1, w_up, experts, I, c->H, 64));
   if (routed) rows_routed(c, &g); else rows_plain(c, &g);
-  g.status = status_of(c);
+  g.status = c->status;
   g.n = c->H;
   g.k = (int)(2 * I);
   g.k_split = (int)I;
@@ -349,7 +457,7 @@ static mok_status wgrad(const call *c, int routed, const void *a, int64_t M, con
   TRY(map2(&g.b0, b, rows, N, 64));
   g.offsets = routed ? AT(c->saved, c->S.offsets, int32_t) : NULL;
   g.experts = routed ? c->E_local : 1;
-  g.status = status_of(c);
+  g.status = c->status;
   g.m_tiles_max = (int)((M + GEMM_BM - 1) / GEMM_BM);
   g.m = (int)M;
   g.n = (int)N;
@@ -363,11 +471,24 @@ static mok_status wgrad(const call *c, int routed, const void *a, int64_t M, con
 }
 
 /* ---- the layer ------------------------------------------------------------------------------- */
+/* Forward and schedule: zero the call's error word, publish ids and weights, open, build the
+ * schedule over every rank's ids, check (capacity). */
 static mok_status schedule(const call *c, const mok_forward_args *a) {
+  CUDA_TRY(cudaMemsetAsync(c->status, 0, 4 * sizeof(int32_t), c->stream), "status");
+  const size_t slots_bytes = (size_t)c->T * c->k * 4;
+  TRY(publish(c, c->L->sym_ids, a->topk_ids, slots_bytes));
+  TRY(publish(c, c->L->sym_w, a->topk_weights, slots_bytes));
+  TRY(barrier(c, EP_OPEN));
   sched_args s;
   s.topk_ids = a->topk_ids;
   s.topk_weights = a->topk_weights;
   s.slots = c->T * c->k;
+  s.peers = table_of(c);
+  s.rank = c->ranks > 1 ? c->rank : 0;
+  s.ranks = c->ranks;
+  s.slots_cap = c->slots_cap;
+  s.top_k = c->k;
+  s.chunks_per_rank = ((c->ranks > 1 ? c->slots_cap : s.slots) + SCHED_CHUNK - 1) / SCHED_CHUNK;
   s.experts = c->ws->shape.experts;
   s.experts_local = c->E_local;
   s.expert_base = (int)c->ws->expert_base;
@@ -381,7 +502,7 @@ static mok_status schedule(const call *c, const mok_forward_args *a) {
   s.row_weight = AT(c->saved, c->S.row_weight, float);
   s.chunk_counts = AT(c->scratch, c->L->chunk_counts, int32_t);
   CUDA_TRY(schedule_launch(&s, c->stream), "schedule");
-  return MOK_OK;
+  return barrier(c, EP_CHECK);
 }
 
 static mok_status check_forward_device(const mok_forward_args *a, int compute_y) {
@@ -399,20 +520,23 @@ static mok_status forward_on_device(mok_workspace *ws, const mok_forward_args *a
   call c = call_of(ws, a->tokens, a->saved, stream);
   const int64_t E = c.E_local;
   __nv_bfloat16 *xr = AT(c.scratch, c.L->xr, __nv_bfloat16);
+  TRY(publish(&c, c.L->sym_x, a->x, (size_t)c.T * c.H * 2));
   TRY(schedule(&c, a));
   CUDA_TRY(dispatch_launch(status_of(&c), AT(c.saved, c.S.offsets, int32_t), c.E_local,
                            AT(c.saved, c.S.row_src, int32_t), c.k, c.H, (int)c.S.rows_cap,
-                           (const __nv_bfloat16 *)a->x, xr, NULL, NULL, c.stream),
+                           table_of(&c), c.rank, c.slots_cap, (const __nv_bfloat16 *)a->x, xr,
+                           NULL, NULL, c.stream),
            "dispatch");
   TRY(gateup_fwd(&c, 1, xr, a->w.w_gate, a->w.w_up, E, c.I, c.saved + c.S.gu, c.saved + c.S.hw));
   if (c.Is)
     TRY(gateup_fwd(&c, 0, a->x, a->w.ws_gate, a->w.ws_up, 1, c.Is, c.saved + c.S.gus,
                    c.saved + c.S.hs));
-  if (!compute_y) return MOK_OK;
+  if (!compute_y) return barrier(&c, EP_CLOSE);
   __nv_bfloat16 *slots = AT(c.scratch, c.L->slots, __nv_bfloat16);
   float *ys = AT(c.scratch, c.L->rows_f32, float);
   TRY(down_fwd(&c, 1, c.saved + c.S.hw, a->w.w_down, E, c.I, slots));
   if (c.Is) TRY(down_fwd(&c, 0, c.saved + c.S.hs, a->w.ws_down, 1, c.Is, ys));
+  TRY(barrier(&c, EP_CLOSE));
   CUDA_TRY(combine_launch(status_of(&c), c.T, c.k, c.H, c.Is ? ys : NULL, slots,
                           (__nv_bfloat16 *)a->y, c.stream),
            "combine");
@@ -465,6 +589,14 @@ static mok_status backward_on_device(mok_workspace *ws, const mok_backward_args 
   call c = call_of(ws, a->tokens, a->saved, stream);
   const int64_t E = c.E_local;
   const int acc = a->grad_mode == MOK_GRAD_ACCUMULATE_F32;
+  /* The forward's error word, copied so the barrier may add to it without touching saved. */
+  c.status = AT(c.scratch, c.L->bstatus, int32_t);
+  CUDA_TRY(cudaMemcpyAsync(c.status, c.saved + c.S.status, 4 * sizeof(int32_t),
+                           cudaMemcpyDeviceToDevice, c.stream),
+           "status");
+  TRY(publish(&c, c.L->sym_x, a->x, (size_t)c.T * c.H * 2));
+  TRY(publish(&c, c.L->sym_dy, a->dy, (size_t)c.T * c.H * 2));
+  TRY(barrier(&c, EP_OPEN));
   __nv_bfloat16 *xr = AT(c.scratch, c.L->xr, __nv_bfloat16), *dyr = AT(c.scratch, c.L->dyr, __nv_bfloat16);
   __nv_bfloat16 *dgu = AT(c.scratch, c.L->dgu, __nv_bfloat16), *slots = AT(c.scratch, c.L->slots, __nv_bfloat16);
   float *part = AT(c.scratch, c.L->dtw_part, float);
@@ -473,21 +605,22 @@ static mok_status backward_on_device(mok_workspace *ws, const mok_backward_args 
 
   CUDA_TRY(dispatch_launch(status_of(&c), AT(c.saved, c.S.offsets, int32_t), c.E_local,
                            AT(c.saved, c.S.row_src, int32_t), c.k, c.H, (int)c.S.rows_cap,
-                           (const __nv_bfloat16 *)a->x, xr, (const __nv_bfloat16 *)a->dy, dyr,
-                           c.stream),
+                           table_of(&c), c.rank, c.slots_cap, (const __nv_bfloat16 *)a->x, xr,
+                           (const __nv_bfloat16 *)a->dy, dyr, c.stream),
            "dispatch");
   /* Routed experts: dgrads, then the weight gradients over each expert's rows. */
-  TRY(down_dgrad(&c, 1, dyr, a->w.w_down, E, c.I, c.saved + c.S.gu, dgu, part));
+  TRY(down_dgrad(&c, 1, dyr, a->w.w_down, E, c.I, c.saved + c.S.gu, dgu, 1));
   TRY(gateup_dgrad(&c, 1, dgu, a->w.w_gate, a->w.w_up, E, c.I, slots));
   TRY(wgrad(&c, 1, dyr, c.H, c.saved + c.S.hw, c.I, c.H, a->g.dw_down, NULL, acc));
   TRY(wgrad(&c, 1, dgu, 2 * c.I, xr, c.H, c.I, a->g.dw_gate, a->g.dw_up, acc));
   /* Shared expert on all T rows, w = 1. */
   if (c.Is) {
-    TRY(down_dgrad(&c, 0, a->dy, a->w.ws_down, 1, c.Is, c.saved + c.S.gus, dgus, NULL));
+    TRY(down_dgrad(&c, 0, a->dy, a->w.ws_down, 1, c.Is, c.saved + c.S.gus, dgus, 0));
     TRY(gateup_dgrad(&c, 0, dgus, a->w.ws_gate, a->w.ws_up, 1, c.Is, dxs));
     TRY(wgrad(&c, 0, a->dy, c.H, c.saved + c.S.hs, c.Is, c.H, a->g.dws_down, NULL, acc));
     TRY(wgrad(&c, 0, dgus, 2 * c.Is, a->x, c.H, c.Is, a->g.dws_gate, a->g.dws_up, acc));
   }
+  TRY(barrier(&c, EP_CLOSE));
   CUDA_TRY(combine_launch(status_of(&c), c.T, c.k, c.H, c.Is ? dxs : NULL, slots,
                           (__nv_bfloat16 *)a->dx, c.stream),
            "combine");
@@ -527,6 +660,22 @@ static mok_status cuda_copy_to_host(mok_workspace *ws, void *dst, const void *sr
   return e == cudaSuccess ? MOK_OK : cuda_fail(e, "copy to host");
 }
 
+/* A call api.c refused: this rank meets the group's opening barrier with MOK_DEVERR_PEER_ARG on
+ * an error word of its own (the call's arguments may be unusable), so every rank skips the call. */
+static mok_status cuda_refuse(mok_workspace *ws, void *stream) {
+  device_guard g;
+  TRY(device_enter(ws->ctx, &g));
+  call c = call_of(ws, 1, NULL, stream);
+  c.T = 0;
+  c.status = AT(c.scratch, c.L->rstatus, int32_t);
+  cudaError_t e = cudaMemsetAsync(c.status, 0, 4 * sizeof(int32_t), c.stream);
+  mok_status st = e == cudaSuccess ? barrier_with(&c, EP_OPEN, MOK_DEVERR_PEER_ARG)
+                                   : cuda_fail(e, "status");
+  device_leave(ws->ctx, &g);
+  return st;
+}
+
 extern "C" const mok_backend_ops mok_cuda_ops = {
     "cuda",         cuda_context_init, cuda_workspace_init, cuda_workspace_fini, cuda_schedule,
-    cuda_forward,   cuda_backward,     cuda_check,          cuda_copy_to_host};
+    cuda_forward,   cuda_backward,     cuda_check,          cuda_copy_to_host,
+    cuda_group_ready, cuda_refuse};

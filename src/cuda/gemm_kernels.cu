@@ -59,16 +59,18 @@ MOK_DEV void load_b_mn(__nv_bfloat16 *sb, uint64_t *bar, const gemm_tile *tl, in
 /* Every epilogue writes straight from registers (stores, or one fp32 add per element), with no
  * shared memory and no barrier: the thread writes its own two rows (acc_position). */
 
-/* Rows of A x B^T: routed rows go to their slot t*k+j as bf16 (row_src), plain rows (the shared
- * expert) to fp32 rows r < rows_valid. */
+/* Rows of A x B^T: routed rows go to their slot t*k+j on their token's rank as bf16 (row_src),
+ * plain rows (the shared expert) to fp32 rows r < rows_valid. */
 MOK_DEV void epi_rows(const gemm_args *g, const gemm_tile *tl, int cw, float *d) {
   const acc_pos p = acc_position();
 #pragma unroll
   for (int h = 0; h < 2; h++) {
     const int r = tl->m0 + cw * 64 + p.row + 8 * h;
     if (g->row_src) {
-      const int slot = g->row_src[r];
-      char *row = slot >= 0 ? (char *)g->out0 + (size_t)slot * g->ld_out * 2 : NULL;
+      const int src = g->row_src[r]; /* pushed into the slot on the token's own rank */
+      char *row = src >= 0 ? (char *)g->peer_out[src / g->slots_cap] +
+                                 (size_t)(src % g->slots_cap) * g->ld_out * 2
+                           : NULL;
       store_bf16_row(row, tl->n0, g->n, d, h, 0, 8);
     } else {
       float *row = r < g->rows_valid ? (float *)g->out0 + (size_t)r * g->ld_out : NULL;
@@ -154,7 +156,7 @@ MOK_DEV void epi_swiglu_bwd(const gemm_args *g, const gemm_tile *tl, int cw, flo
     const int r = tl->m0 + cw * 64 + p.row + 8 * h;
     const bool valid = r < g->rows_valid;
     w[h] = valid && g->row_weight ? g->row_weight[r] : 1.0f;
-    slot[h] = valid && g->aux ? g->row_src[r] : -1;
+    slot[h] = valid && g->peer_aux ? g->row_src[r] : -1;
   }
 #pragma unroll
   for (int c = 0; c < 8; c++) {
@@ -193,7 +195,8 @@ MOK_DEV void epi_swiglu_bwd(const gemm_args *g, const gemm_tile *tl, int cw, flo
     part += __shfl_xor_sync(0xffffffffu, part, 2);
     const int chunk = tl->n0 / 64 + q;
     if (slot[h] >= 0 && p.col == 0 && chunk * 64 < I)
-      g->aux[(size_t)slot[h] * (I / 64) + chunk] = part;
+      g->peer_aux[slot[h] / g->slots_cap][(size_t)(slot[h] % g->slots_cap) * (I / 64) + chunk] =
+          part;
   }
 }
 

@@ -10,6 +10,34 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+/* ---- expert parallelism (ep.cu) ------------------------------------------------------------ */
+/* Where every rank's symmetric buffers are, in device memory, one copy per workspace (filled
+ * once the group is complete; at ep = 1 only this rank's slots and partials). A routed row's
+ * row_src v belongs to rank v / slots_cap, slot v % slots_cap. Kernels read this rank's own
+ * inputs from the call's pointers, not from its entry here. */
+#define EP_MAX 64 /* = MOK_EP_MAX */
+typedef struct ep_table {
+  const __nv_bfloat16 *x[EP_MAX], *dy[EP_MAX]; /* [max_tokens, H]: each rank's published x, dy */
+  const int32_t *ids[EP_MAX];                  /* [max_tokens * k] published topk_ids */
+  const float *w[EP_MAX];                      /* [max_tokens * k] published topk_weights */
+  const int32_t *tokens[EP_MAX];               /* the published T of each rank */
+  void *slots[EP_MAX];                         /* [max_tokens * k, H] bf16 slot rows */
+  float *dtw[EP_MAX];                          /* [max_tokens * k, I / 64] router partials */
+  unsigned long long *flags[EP_MAX];           /* [2][EP_MAX] barrier words (ep.cu) */
+} ep_table;
+
+/* The group barrier of one rank (one thread): publishes (epoch, this rank's error bits) into
+ * every rank's flags, waits until every rank has published the same epoch, and ORs all their
+ * bits into status[0] and sticky; a rank missing after timeout_ns sets MOK_DEVERR_TIMEOUT.
+ * `when`: EP_OPEN always runs and also records the result in status[1]; EP_CHECK runs only if
+ * status[1] is clear (every rank agrees on it after the open); EP_CLOSE only if status[0] is
+ * clear (every rank agrees after a check). `tokens`: published as this rank's T (EP_OPEN);
+ * `add`: bits ORed into status[0] first (MOK_DEVERR_PEER_ARG for a call refused on the host). */
+enum { EP_OPEN, EP_CHECK, EP_CLOSE };
+cudaError_t ep_barrier_launch(const ep_table *tb, int rank, int ranks, int when, int32_t *status,
+                              int32_t *sticky, unsigned *epoch, int32_t *tokens_out, int tokens,
+                              int32_t add, long long timeout_ns, cudaStream_t stream);
+
 /* ---- GEMM engine (gemm.cuh, gemm_kernels.cu) ------------------------------------------------ */
 #define GEMM_BM 128      /* output tile rows (= MOK_TILE_M) */
 #define GEMM_BN 256      /* output tile columns */
@@ -52,7 +80,11 @@ typedef struct gemm_args {
 
   /* Epilogue. */
   const float *row_weight;  /* [rows] router weight per routed row, or NULL (= 1) */
-  const int32_t *row_src;   /* [rows] slot t*k+j per routed row (-1 = padding), or NULL */
+  const int32_t *row_src;   /* [rows] source per routed row (-1 = padding), or NULL: rank
+                             * row_src / slots_cap, slot t*k+j = row_src % slots_cap */
+  void *const *peer_out;    /* routed rows: every rank's slot rows (ep_table.slots) */
+  float *const *peer_aux;   /* dgrad down: every rank's router partials (ep_table.dtw) */
+  int slots_cap;            /* max_tokens * k */
   const __nv_bfloat16 *gu_in; /* dgrad down: saved [rows, 2I] pre-activations */
   void *out0;       /* main output */
   void *out1;       /* second output (hw; W_up gradient) */
@@ -79,14 +111,19 @@ int tma_map_3d(CUtensorMap *map, const void *base, int64_t batch, int64_t rows, 
 
 /* ---- schedule (schedule.cu) ----------------------------------------------------------------- */
 typedef struct sched_args {
-  const int32_t *topk_ids;     /* [slots] */
+  const int32_t *topk_ids;     /* [slots] this rank's */
   const float *topk_weights;   /* [slots] */
   int slots;                   /* T * k */
+  const ep_table *peers;       /* the other ranks' published ids, weights and T (ep > 1) */
+  int rank, ranks;             /* chunks of rank r come r-th: canonical order (rank, t, j) */
+  int slots_cap;               /* max_tokens * k: row_src = rank * slots_cap + slot */
+  int top_k;
+  int chunks_per_rank;         /* ep = 1: of this call's slots; else of slots_cap */
   int experts;                 /* E, all ranks */
   int experts_local;           /* E_local */
   int expert_base;             /* first global id of this rank */
   int rows_cap;                /* rows of the routed buffers */
-  int32_t *status;             /* saved: this call's error word (zeroed by the launcher) */
+  int32_t *status;             /* saved: this call's error word (zeroed by the caller) */
   int32_t *sticky;             /* workspace: error bits until mok_check */
   int32_t *counts, *offsets, *row_src, *mblock_expert; /* saved */
   float *row_weight;           /* saved */
@@ -97,8 +134,10 @@ cudaError_t schedule_launch(const sched_args *a, cudaStream_t stream);
 
 /* ---- row movement (rows.cu) ----------------------------------------------------------------- */
 /* Routed row r gets row row_src[r] / k of src (zeros on padding), for one or two tensors. */
+/* Rows of other ranks come from their published x (dy) in `peers`. */
 cudaError_t dispatch_launch(const int32_t *status, const int32_t *offsets, int experts_local,
                             const int32_t *row_src, int k, int H, int rows_cap,
+                            const ep_table *peers, int rank, int slots_cap,
                             const __nv_bfloat16 *src0, __nv_bfloat16 *dst0,
                             const __nv_bfloat16 *src1, __nv_bfloat16 *dst1, cudaStream_t stream);
 /* y[t] = bf16(((base[t] + slot[t,0]) + slot[t,1]) + ...), base fp32 or NULL (zero). */

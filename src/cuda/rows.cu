@@ -1,6 +1,7 @@
 /*
  * rows.cu: moving whole rows. dispatch copies token rows into the routed buffer (zeros on
- * padding, so weight-gradient products may sum over padded rows); combine sums each token's
+ * padding, so weight-gradient products may sum over padded rows), pulling other ranks' tokens
+ * from their published x (dy); combine sums each token's
  * slot rows onto its shared-expert row in fixed j order; router_grad sums the per-chunk partials
  * of d_topk_weights in ascending chunk order. All rows move as 16-byte vectors.
  */
@@ -10,20 +11,26 @@
 
 __global__ void __launch_bounds__(ROWS_THREADS)
 dispatch_rows(const int32_t *status, const int32_t *offsets, int experts_local,
-              const int32_t *row_src, int k, int H, const int4 *src0, int4 *dst0,
-              const int4 *src1, int4 *dst1) {
+              const int32_t *row_src, int k, int H, const ep_table *peers, int rank,
+              int slots_cap, const int4 *src0, int4 *dst0, const int4 *src1, int4 *dst1) {
   if (*status) return;
   const int total = offsets[experts_local];
   const int vecs = H / 8;
   const int lane = threadIdx.x % 32;
   for (int r = (blockIdx.x * blockDim.x + threadIdx.x) / 32; r < total;
        r += gridDim.x * blockDim.x / 32) {
-    int src = row_src[r];
-    size_t from = src >= 0 ? (size_t)(src / k) * vecs : 0, to = (size_t)r * vecs;
+    const int src = row_src[r];
+    const int owner = src >= 0 ? src / slots_cap : rank; /* the rank that published the token */
+    const int4 *a = src0, *b = src1;
+    if (owner != rank) {
+      a = (const int4 *)peers->x[owner];
+      b = (const int4 *)peers->dy[owner];
+    }
+    size_t from = src >= 0 ? (size_t)(src % slots_cap / k) * vecs : 0, to = (size_t)r * vecs;
     for (int v = lane; v < vecs; v += 32) {
       int4 z = make_int4(0, 0, 0, 0);
-      dst0[to + v] = src >= 0 ? src0[from + v] : z;
-      if (dst1) dst1[to + v] = src >= 0 ? src1[from + v] : z;
+      dst0[to + v] = src >= 0 ? a[from + v] : z;
+      if (dst1) dst1[to + v] = src >= 0 ? b[from + v] : z;
     }
   }
 }
@@ -82,11 +89,12 @@ static int grid_for(size_t work, int per_block) {
 
 cudaError_t dispatch_launch(const int32_t *status, const int32_t *offsets, int experts_local,
                             const int32_t *row_src, int k, int H, int rows_cap,
+                            const ep_table *peers, int rank, int slots_cap,
                             const __nv_bfloat16 *src0, __nv_bfloat16 *dst0,
                             const __nv_bfloat16 *src1, __nv_bfloat16 *dst1, cudaStream_t stream) {
   dispatch_rows<<<grid_for(rows_cap, ROWS_THREADS / 32), ROWS_THREADS, 0, stream>>>(
-      status, offsets, experts_local, row_src, k, H, (const int4 *)src0, (int4 *)dst0,
-      (const int4 *)src1, (int4 *)dst1);
+      status, offsets, experts_local, row_src, k, H, peers, rank, slots_cap, (const int4 *)src0,
+      (int4 *)dst0, (const int4 *)src1, (int4 *)dst1);
   return cudaGetLastError();
 }
 

@@ -6,6 +6,9 @@
  *          raises MOK_DEVERR_CAPACITY and writes nothing more;
  *   place: each slot's row = offsets[e] + chunk base + its rank among earlier slots of the
  *          chunk with the same expert, so every expert's rows come in slot order (t*k + j).
+ * With an EP group the chunks run over every rank's published ids, rank by rank, so the order is
+ * (source rank, t, j) and row_src = rank * slots_cap + t*k + j; every rank checks every id, so
+ * all of them agree on a bad one.
  * Only integer atomics whose result does not depend on their order (histogram counts, error
  * bits) are used, so the schedule is identical run after run.
  */
@@ -18,13 +21,34 @@ static __device__ __forceinline__ bool id_valid(int id, int experts) {
   return id >= 0 && id < experts;
 }
 
+/* The slot of block `chunk` this thread looks at: its rank's ids and weights, the slot index in
+ * that rank, and the number of slots that rank has. */
+typedef struct sched_slot {
+  const int32_t *ids;
+  const float *w;
+  int f, n, src;
+} sched_slot;
+
+static __device__ sched_slot slot_of(const sched_args *a, int chunk) {
+  sched_slot s;
+  s.src = chunk / a->chunks_per_rank;
+  s.f = chunk % a->chunks_per_rank * SCHED_CHUNK + threadIdx.x;
+  if (s.src == a->rank) {
+    s.ids = a->topk_ids, s.w = a->topk_weights, s.n = a->slots;
+  } else {
+    s.ids = a->peers->ids[s.src], s.w = a->peers->w[s.src];
+    s.n = *a->peers->tokens[s.src] * a->top_k;
+  }
+  return s;
+}
+
 __global__ void __launch_bounds__(SCHED_THREADS) sched_count(sched_args a) {
   extern __shared__ int hist[];
   for (int e = threadIdx.x; e < a.experts_local; e += blockDim.x) hist[e] = 0;
   __syncthreads();
-  int f = blockIdx.x * SCHED_CHUNK + threadIdx.x;
-  if (f < a.slots) {
-    int id = a.topk_ids[f];
+  const sched_slot sl = slot_of(&a, blockIdx.x);
+  if (sl.f < sl.n) {
+    int id = sl.ids[sl.f];
     if (!id_valid(id, a.experts)) {
       atomicOr(a.status, MOK_DEVERR_EXPERT_ID);
       atomicOr(a.sticky, MOK_DEVERR_EXPERT_ID);
@@ -120,10 +144,10 @@ __global__ void __launch_bounds__(SCHED_THREADS) sched_place(sched_args a) {
     next_row[e] = a.offsets[e] + a.chunk_counts[(size_t)blockIdx.x * a.experts_local + e];
   __syncthreads();
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const int f = blockIdx.x * SCHED_CHUNK + threadIdx.x;
+  const sched_slot sl = slot_of(&a, blockIdx.x);
   int key = -1; /* local expert, or -1: not ours / invalid / past the end */
-  if (f < a.slots) {
-    int id = a.topk_ids[f];
+  if (sl.f < sl.n) {
+    int id = sl.ids[sl.f];
     int e = id - a.expert_base;
     if (id_valid(id, a.experts) && e >= 0 && e < a.experts_local) key = e;
   }
@@ -140,8 +164,8 @@ __global__ void __launch_bounds__(SCHED_THREADS) sched_place(sched_args a) {
       }
       base = __shfl_sync(0xffffffffu, base, leader);
       if (key >= 0) {
-        a.row_src[base + rank] = f;
-        a.row_weight[base + rank] = a.topk_weights[f];
+        a.row_src[base + rank] = sl.src * a.slots_cap + sl.f;
+        a.row_weight[base + rank] = sl.w[sl.f];
       }
     }
     __syncthreads();
@@ -149,10 +173,8 @@ __global__ void __launch_bounds__(SCHED_THREADS) sched_place(sched_args a) {
 }
 
 cudaError_t schedule_launch(const sched_args *a, cudaStream_t stream) {
-  int chunks = (a->slots + SCHED_CHUNK - 1) / SCHED_CHUNK;
+  const int chunks = a->ranks * a->chunks_per_rank;
   size_t smem = (size_t)a->experts_local * sizeof(int);
-  cudaError_t e = cudaMemsetAsync(a->status, 0, 4 * sizeof(int32_t), stream);
-  if (e != cudaSuccess) return e;
   sched_count<<<chunks, SCHED_THREADS, smem, stream>>>(*a);
   sched_scan<<<1, SCHED_THREADS, 0, stream>>>(*a, chunks);
   sched_place<<<chunks, SCHED_THREADS, smem, stream>>>(*a);

@@ -1,0 +1,63 @@
+/*
+ * ep.cu: the barrier of an expert-parallel group on the GPU (DESIGN §2.3). One thread per rank:
+ * it writes (epoch, error bits) into its slot of every rank's flag words, then waits for every
+ * rank's word of the same epoch in its own. The words of epoch e live in half e % 2 of the flags:
+ * a rank can be at most one barrier ahead of another (it cannot pass e + 1 before the other has
+ * arrived there), so its next word never overwrites one still to be read.
+ * Stores are .release and loads .acquire at .sys scope: what a rank wrote before the barrier
+ * (published inputs, pushed slot rows) is visible to every rank after it, within one GPU or
+ * across GPUs. The epoch counts on the device, so a captured CUDA graph replays correctly.
+ */
+#include "cuda/kernels.h"
+#include "cuda/ptx.cuh"
+#include "internal.h"
+
+static __device__ __forceinline__ void st_release_sys(unsigned long long *p,
+                                                      unsigned long long v) {
+  asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+
+static __device__ __forceinline__ unsigned long long ld_acquire_sys(
+    const unsigned long long *p) {
+  unsigned long long v;
+  asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+
+__global__ void ep_barrier(const ep_table *tb, int rank, int ranks, int when, int32_t *status,
+                           int32_t *sticky, unsigned *epoch, int32_t *tokens_out, int tokens,
+                           int32_t add, long long timeout_ns) {
+  status[0] |= add;
+  if (when == EP_CHECK && status[1]) return;
+  if (when == EP_CLOSE && status[0]) return;
+  if (when == EP_OPEN) *tokens_out = tokens;
+  const unsigned e = ++*epoch;
+  const int half = (int)(e & 1) * EP_MAX;
+  const unsigned long long mine = ((unsigned long long)e << 32) | (uint32_t)status[0];
+  for (int q = 0; q < ranks; q++) st_release_sys(tb->flags[q] + half + rank, mine);
+  const unsigned long long *own = tb->flags[rank] + half;
+  int32_t bits = 0;
+  const uint64_t start = globaltimer_ns();
+  for (int q = 0; q < ranks; q++) {
+    unsigned long long v;
+    while ((unsigned)((v = ld_acquire_sys(own + q)) >> 32) != e) {
+      if ((long long)(globaltimer_ns() - start) > timeout_ns) {
+        bits |= MOK_DEVERR_TIMEOUT;
+        break;
+      }
+      __nanosleep(256);
+    }
+    if ((unsigned)(v >> 32) == e) bits |= (int32_t)(uint32_t)v;
+  }
+  status[0] |= bits;
+  if (when == EP_OPEN) status[1] = status[0];
+  if (bits) atomicOr(sticky, bits);
+}
+
+cudaError_t ep_barrier_launch(const ep_table *tb, int rank, int ranks, int when, int32_t *status,
+                              int32_t *sticky, unsigned *epoch, int32_t *tokens_out, int tokens,
+                              int32_t add, long long timeout_ns, cudaStream_t stream) {
+  ep_barrier<<<1, 1, 0, stream>>>(tb, rank, ranks, when, status, sticky, epoch, tokens_out,
+                                  tokens, add, timeout_ns);
+  return cudaGetLastError();
+}

@@ -1,0 +1,264 @@
+/*
+ * test_ep.c: expert parallelism on the CUDA backend with emulated ranks (DESIGN §2.3): R ranks on
+ * one GPU, each with its own context, workspace, stream and host thread, their device barriers
+ * and peer tables joining them as NCCL symmetric memory would join R GPUs.
+ *   D4 and the reference: the global batch at ep = 2, 4, 8 gives the bits of ep = 1 (y, dx,
+ *     d_topk_weights, routed weight gradients), and ep = 1 agrees with the CPU backend.
+ *   Failures: a rank that never calls (timeout), a bad id on one rank, one rank over its
+ *     capacity, and a call refused on the host on one rank each fail every rank with outputs
+ *     untouched.
+ * Every rank's arguments are slices of one gpu_layer: its tokens' rows of x, dy, y, dx,
+ * d_topk_weights and its experts' weights and gradients; the shared expert's gradients are each
+ * rank's own partial sums and get buffers of their own.
+ */
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check.h"
+#include "device.h"
+
+typedef struct grank {
+  mok_context *ctx;
+  mok_workspace *ws;
+  cudaStream_t stream;
+  mok_forward_args f;
+  mok_backward_args b;
+  void *shared_g[3];       /* this rank's shared-expert gradients */
+  int absent;              /* never calls */
+  mok_status fwd, bwd, chk;
+} grank;
+
+typedef struct gsetup {
+  int ep;
+  mok_ep_group *group;
+  grank r[8];
+} gsetup;
+
+/* Rank r of ep takes tokens [r T/ep, (r+1) T/ep) and experts [r E/ep, (r+1) E/ep) of d. */
+static int gsetup_init(gsetup *s, gpu_layer *d, int ep, int64_t routed_rows, int timeout_ms) {
+  memset(s, 0, sizeof *s);
+  s->ep = ep;
+  CHECK_OK(mok_ep_group_create_emulated(ep, timeout_ms, &s->group));
+  if (!s->group) return 0;
+  const mok_shape *gs = &d->src->L.shape;
+  const int64_t H = gs->hidden, I = gs->inter, Is = gs->shared_inter, k = gs->top_k;
+  const int64_t El = gs->experts / ep, Tr = d->T / ep;
+  const mok_forward_args F = gpu_forward_args(d);
+  const mok_backward_args B = gpu_backward_args(d, MOK_GRAD_WRITE_BF16);
+  for (int r = 0; r < ep; r++) {
+    grank *u = &s->r[r];
+    mok_context_config cfg = MOK_CONTEXT_CONFIG_INIT;
+    cfg.backend = MOK_BACKEND_CUDA;
+    cfg.ep_rank = r, cfg.ep_size = ep, cfg.group = s->group;
+    CHECK_OK(mok_context_create(&cfg, &u->ctx));
+    mok_shape shape = *gs;
+    shape.max_tokens = Tr;
+    shape.routed_rows = routed_rows;
+    if (u->ctx) CHECK_OK(mok_workspace_create(u->ctx, &shape, &u->ws));
+    if (!u->ws) return 0;
+    CUDA_CHECK(cudaStreamCreateWithFlags(&u->stream, cudaStreamNonBlocking));
+    const int64_t t0 = r * Tr, e0 = r * El;
+    mok_weights w = F.w;
+    w.w_gate = (const char *)F.w.w_gate + e0 * I * H * 2;
+    w.w_up = (const char *)F.w.w_up + e0 * I * H * 2;
+    w.w_down = (const char *)F.w.w_down + e0 * H * I * 2;
+    u->f = F;
+    u->f.tokens = Tr;
+    u->f.x = (const char *)F.x + t0 * H * 2;
+    u->f.topk_ids = F.topk_ids + t0 * k;
+    u->f.topk_weights = F.topk_weights + t0 * k;
+    u->f.w = w;
+    u->f.y = (char *)F.y + t0 * H * 2;
+    size_t saved = mok_saved_bytes(u->ws, Tr);
+    CUDA_CHECK(cudaMalloc(&u->f.saved, saved));
+    u->b = B;
+    u->b.tokens = Tr;
+    u->b.x = u->f.x, u->b.topk_ids = u->f.topk_ids, u->b.topk_weights = u->f.topk_weights;
+    u->b.w = w, u->b.saved = u->f.saved;
+    u->b.dy = (const char *)B.dy + t0 * H * 2;
+    u->b.dx = (char *)B.dx + t0 * H * 2;
+    u->b.d_topk_weights = B.d_topk_weights + t0 * k;
+    u->b.g.dw_gate = (char *)B.g.dw_gate + e0 * I * H * 2;
+    u->b.g.dw_up = (char *)B.g.dw_up + e0 * I * H * 2;
+    u->b.g.dw_down = (char *)B.g.dw_down + e0 * H * I * 2;
+    if (Is) {
+      for (int i = 0; i < 3; i++) CUDA_CHECK(cudaMalloc(&u->shared_g[i], (size_t)(Is * H) * 2));
+      u->b.g.dws_gate = u->shared_g[0], u->b.g.dws_up = u->shared_g[1];
+      u->b.g.dws_down = u->shared_g[2];
+    }
+  }
+  return 1;
+}
+
+static void gsetup_fini(gsetup *s) {
+  for (int r = 0; r < s->ep; r++) {
+    grank *u = &s->r[r];
+    cudaFree(u->f.saved);
+    for (int i = 0; i < 3; i++) cudaFree(u->shared_g[i]);
+    if (u->stream) cudaStreamDestroy(u->stream);
+    mok_workspace_destroy(u->ws);
+    mok_context_destroy(u->ctx);
+  }
+  mok_ep_group_destroy(s->group);
+}
+
+/* A rank's thread: forward and backward on its stream, then mok_check (which waits). */
+static void *step_main(void *p) {
+  grank *u = p;
+  u->fwd = mok_forward(u->ws, &u->f, u->stream);
+  u->bwd = mok_backward(u->ws, &u->b, u->stream);
+  u->chk = mok_check(u->ws, u->stream);
+  return NULL;
+}
+
+static void run_ranks(gsetup *s) {
+  pthread_t th[8];
+  for (int r = 0; r < s->ep; r++)
+    if (!s->r[r].absent) pthread_create(&th[r], NULL, step_main, &s->r[r]);
+  for (int r = 0; r < s->ep; r++)
+    if (!s->r[r].absent) pthread_join(th[r], NULL);
+}
+
+/* y, dx, d_topk_weights and the routed weight gradients of a and b, bit for bit. */
+static void same_outputs(const char *tag, const harness *a, const harness *b) {
+  const int64_t T = a->T, H = a->L.shape.hidden, k = a->L.shape.top_k;
+  char what[96];
+  snprintf(what, sizeof what, "%s: y", tag);
+  same_bits(what, a->y, b->y, (size_t)(T * H) * 2);
+  snprintf(what, sizeof what, "%s: dx", tag);
+  same_bits(what, a->dx, b->dx, (size_t)(T * H) * 2);
+  snprintf(what, sizeof what, "%s: d_topk_weights", tag);
+  same_bits(what, a->dtw, b->dtw, (size_t)(T * k) * 4);
+  const char *names[3] = {"dw_gate", "dw_up", "dw_down"};
+  for (int i = 0; i < 3; i++) {
+    snprintf(what, sizeof what, "%s: %s", tag, names[i]);
+    same_bits(what, a->g[i], b->g[i], (size_t)a->g_len[i] * 2);
+  }
+}
+
+/* 256 tokens, H 128, I 128, I_s 64, 16 experts, top-4. */
+static const mok_shape ep_shape = {256, 128, 128, 64, 16, 4, MOK_BF16, 0};
+
+static void d4_and_reference(void) {
+  harness ref, one, got;
+  if (!harness_init(&ref, &ep_shape, 256, 21, 0) || !harness_init(&one, &ep_shape, 256, 21, 0) ||
+      !harness_init(&got, &ep_shape, 256, 21, 0))
+    return;
+  CHECK_OK(harness_run(&ref, MOK_GRAD_WRITE_BF16));
+  gpu_layer d;
+  if (gpu_init(&d, &ref, 256, 0)) {
+    gpu_poison(&d, 0xff);
+    CHECK_OK(gpu_run(&d, MOK_GRAD_WRITE_BF16, 0));
+    CHECK_OK(mok_check(d.ws, 0));
+    gpu_fetch(&d, &one);
+    const int64_t n = 256 * ep_shape.hidden;
+    double ey = rel_err_bf16(one.y, ref.y, (size_t)n), edx = rel_err_bf16(one.dx, ref.dx, (size_t)n);
+    CHECK(ey < 2e-2 && edx < 2e-2, "ep 1 against the CPU backend: y %.2e, dx %.2e", ey, edx);
+    const int eps[3] = {2, 4, 8};
+    for (int i = 0; i < 3; i++) {
+      gsetup s;
+      gpu_poison(&d, 0xff);
+      if (gsetup_init(&s, &d, eps[i], 0, 0)) {
+        run_ranks(&s);
+        for (int r = 0; r < eps[i]; r++)
+          CHECK(s.r[r].fwd == MOK_OK && s.r[r].bwd == MOK_OK && s.r[r].chk == MOK_OK,
+                "ep %d rank %d: forward %s, backward %s, check %s", eps[i], r,
+                mok_status_name(s.r[r].fwd), mok_status_name(s.r[r].bwd),
+                mok_status_name(s.r[r].chk));
+        gpu_fetch(&d, &got);
+        char tag[32];
+        snprintf(tag, sizeof tag, "ep %d against ep 1", eps[i]);
+        same_outputs(tag, &got, &one);
+      }
+      gsetup_fini(&s);
+    }
+  }
+  gpu_fini(&d);
+  harness_fini(&ref);
+  harness_fini(&one);
+  harness_fini(&got);
+}
+
+/* Every rank fails the step with `want` (at mok_check; `refused` >= 0: that rank's forward and
+ * backward were refused on the host with MOK_ERR_INVALID_ARG) and every output stays poisoned. */
+static void all_fail_untouched(gsetup *s, gpu_layer *d, harness *got, const harness *poison,
+                               mok_status want, int refused, const char *what) {
+  run_ranks(s);
+  for (int r = 0; r < s->ep; r++) {
+    const grank *u = &s->r[r];
+    if (u->absent) continue;
+    if (r == refused)
+      CHECK(u->fwd == MOK_ERR_INVALID_ARG && u->bwd == MOK_ERR_INVALID_ARG,
+            "%s: rank %d's refused calls gave %s, %s", what, r, mok_status_name(u->fwd),
+            mok_status_name(u->bwd));
+    else
+      CHECK(u->fwd == MOK_OK && u->bwd == MOK_OK && u->chk == want,
+            "%s: rank %d: forward %s, backward %s, check %s (want %s)", what, r,
+            mok_status_name(u->fwd), mok_status_name(u->bwd), mok_status_name(u->chk),
+            mok_status_name(want));
+  }
+  gpu_fetch(d, got);
+  char tag[96];
+  snprintf(tag, sizeof tag, "%s: outputs untouched", what);
+  same_outputs(tag, got, poison);
+}
+
+static void failures_untouched(void) {
+  harness h, got, poison;
+  if (!harness_init(&h, &ep_shape, 256, 22, 0) || !harness_init(&got, &ep_shape, 256, 22, 0) ||
+      !harness_init(&poison, &ep_shape, 256, 22, 0))
+    return;
+  harness_poison(&poison, 0xa5);
+  gpu_layer d;
+  if (gpu_init(&d, &h, 256, 0)) {
+    gsetup s;
+    /* A rank that never calls: the other times out, and the group stays failed. */
+    gpu_poison(&d, 0xa5);
+    if (gsetup_init(&s, &d, 2, 0, 300)) {
+      s.r[1].absent = 1;
+      all_fail_untouched(&s, &d, &got, &poison, MOK_ERR_TIMEOUT, -1, "absent rank");
+      mok_status st = mok_forward(s.r[0].ws, &s.r[0].f, s.r[0].stream);
+      CHECK(st == MOK_ERR_TIMEOUT, "a call after the timeout gave %s", mok_status_name(st));
+    }
+    gsetup_fini(&s);
+    /* A bad id on rank 1. */
+    const int32_t bad = ep_shape.experts;
+    CUDA_CHECK(cudaMemcpy((int32_t *)d.ids + 200 * 4 + 1, &bad, 4, cudaMemcpyHostToDevice));
+    if (gsetup_init(&s, &d, 2, 0, 0))
+      all_fail_untouched(&s, &d, &got, &poison, MOK_ERR_EXPERT_ID, -1, "bad id on rank 1");
+    gsetup_fini(&s);
+    /* Every slot of every token to expert 15 (rank 1's): 256 * 4 rows against room for 640. */
+    int32_t *ids = malloc(256 * 4 * 4);
+    for (int i = 0; i < 256 * 4; i++) ids[i] = 15 - i % 4;
+    CUDA_CHECK(cudaMemcpy(d.ids, ids, 256 * 4 * 4, cudaMemcpyHostToDevice));
+    free(ids);
+    if (gsetup_init(&s, &d, 2, 640, 0))
+      all_fail_untouched(&s, &d, &got, &poison, MOK_ERR_CAPACITY, -1, "rank 1 over capacity");
+    gsetup_fini(&s);
+    /* Rank 0 passes no y (and no dx): refused on the host, and rank 1 fails the call with it. */
+    CUDA_CHECK(cudaMemcpy(d.ids, h.L.topk_ids, 256 * 4 * 4, cudaMemcpyHostToDevice));
+    if (gsetup_init(&s, &d, 2, 0, 0)) {
+      s.r[0].f.y = NULL;
+      s.r[0].b.dx = NULL;
+      all_fail_untouched(&s, &d, &got, &poison, MOK_ERR_INVALID_ARG, 0, "refused on rank 0");
+      /* The group stays usable: the next step runs on both ranks. */
+      s.r[0].f.y = (char *)d.y, s.r[0].b.dx = d.dx;
+      run_ranks(&s);
+      for (int r = 0; r < 2; r++)
+        CHECK(s.r[r].chk == MOK_OK, "the step after a refused call: rank %d %s", r,
+              mok_status_name(s.r[r].chk));
+    }
+    gsetup_fini(&s);
+  }
+  gpu_fini(&d);
+  harness_fini(&h);
+  harness_fini(&got);
+  harness_fini(&poison);
+}
+
+const test_case tests_gpu_ep[] = {
+    {"gpu/ep_D4_and_vs_cpu", d4_and_reference},
+    {"gpu/ep_failures_untouched", failures_untouched},
+    {NULL, NULL},
+};
