@@ -52,7 +52,6 @@ check cli/run_ep8_same_bits 0 'dw_down +identical.*run --ep 8: PASS' -- \
   $mok run --shape dsv3 "${small[@]}" --ep 8 --grad-mode f32
 check cli/run_ep_uneven 2 "32 experts do not split over 3 ranks" -- \
   $mok run --shape dsv3 "${small[@]}" --ep 3
-check cli/run_ep_cuda 2 "add --backend cpu" -- $mok run --shape dsv3 --ep 2
 check cli/bench_ep 0 'on 4 ranks.*backward .*repeated bits: identical.*bench: PASS' -- \
   $mok bench --shape dsv3 "${small[@]}" --ep 4 --grad-mode f32 --warmup 0 --repeat 2 \
   --json "$tmp/ep.json"
@@ -81,6 +80,8 @@ print('ok')"
 
 if $mok info | grep -q 'CUDA devices visible: 0'; then
   check cli/cuda_without_gpu 1 'MOK_ERR_UNSUPPORTED.*--backend cpu' -- $mok run --scale 1/64
+  check cli/run_ep_cuda_without_gpu 1 'MOK_ERR_UNSUPPORTED.*no CUDA device' -- \
+    $mok run --shape dsv3 --scale 1/64 --ep 2
 fi
 
 # The README's C example is tools/example.c, and it runs.

@@ -190,9 +190,6 @@ static int resolve(cli_options *o, char *err, size_t len) {
   }
   o->shape = cli_scale(s, o->scale, o->tokens);
   int cuda = o->backend == MOK_BACKEND_CUDA;
-  if (o->ep > 1 && cuda)
-    return fail(err, len, "--ep %d: expert parallelism runs on emulated ranks of the CPU backend "
-                          "so far; add --backend cpu", o->ep);
   if (o->shape.experts % o->ep != 0)
     return fail(err, len, "--ep %d: the shape's %d experts do not split over %d ranks", o->ep,
                 o->shape.experts, o->ep);

@@ -1,6 +1,7 @@
 /*
- * ep.c: the mok command on R emulated ranks of an EP group (CPU backend), each with the shape's T
- * tokens (a global batch of R*T) and a thread of its own.
+ * ep.c: the mok command on R emulated ranks of an EP group, each with the shape's T tokens (a
+ * global batch of R*T) and a thread of its own; on the cuda backend each rank also has its own
+ * stream, and all share one GPU.
  *   mok run --ep R:   then the same batch on one rank; prints both times and whether every output
  *                     has the same bits on both (DESIGN §3, D4): y, dx and d_topk_weights of every
  *                     token, and the routed weight gradients of every expert. The shared expert's
@@ -8,6 +9,7 @@
  *   mok bench --ep R: the measurements of `mok bench` (mok.c reports them) for the R ranks.
  * Outputs start as NaN (all bits set), so one that no run wrote shows as nonfinite, not as equal.
  */
+#include <cuda_runtime.h>
 #include <omp.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -28,9 +30,75 @@ typedef struct ep_rank {
   int elem[OUT_COUNT];
   mok_status st;
   char err[512];  /* mok_last_error() of the rank's thread when st is not MOK_OK */
+  /* cuda: the rank's stream, device copies of its inputs and outputs (out[] holds what
+   * rank_download fetched); dev_in[] is what rank_fini frees. */
+  int cuda;
+  cudaStream_t stream;
+  void *dev_out[OUT_COUNT];
+  void *dev_in[12];
+  int n_in;
 } ep_rank;
 
 static size_t out_bytes(const ep_rank *u, int i) { return (size_t)u->n[i] * (size_t)u->elem[i]; }
+
+/* A device copy of `bytes` at host (NULL: uninitialised), kept for rank_fini; NULL on failure. */
+static void *rank_upload(ep_rank *u, const void *host, size_t bytes) {
+  void *p = NULL;
+  cudaError_t e = cudaMalloc(&p, bytes ? bytes : 16);
+  if (e == cudaSuccess && host) e = cudaMemcpy(p, host, bytes, cudaMemcpyHostToDevice);
+  if (e != cudaSuccess) {
+    tool_error("device copy of %zu bytes: %s", bytes, cudaGetErrorString(e));
+    cudaFree(p);
+    return NULL;
+  }
+  u->dev_in[u->n_in++] = p;
+  return p;
+}
+
+/* cuda: the arguments point at device copies of the rank's inputs and at device outputs. */
+static int rank_to_device(ep_rank *u, const mok_host_layer *L, int64_t T, int64_t El) {
+  const int64_t H = L->shape.hidden, I = L->shape.inter, Is = L->shape.shared_inter;
+  const int64_t k = L->shape.top_k;
+  if (cudaStreamCreateWithFlags(&u->stream, cudaStreamNonBlocking) != cudaSuccess) {
+    tool_error("no CUDA stream");
+    return -1;
+  }
+  mok_forward_args *f = &u->f;
+  mok_backward_args *b = &u->b;
+  const void *in[10] = {f->x, b->dy, f->topk_ids, f->topk_weights, f->w.w_gate, f->w.w_up,
+                        f->w.w_down, f->w.ws_gate, f->w.ws_up, f->w.ws_down};
+  const int64_t bytes[10] = {T * H * 2, T * H * 2, T * k * 4, T * k * 4, El * I * H * 2,
+                             El * I * H * 2, El * H * I * 2, Is * H * 2, Is * H * 2, H * Is * 2};
+  void *d[10] = {0};
+  for (int i = 0; i < 10; i++)
+    if (in[i] && !(d[i] = rank_upload(u, in[i], (size_t)bytes[i]))) return -1;
+  for (int i = 0; i < OUT_COUNT; i++)
+    if (u->n[i] && !(u->dev_out[i] = rank_upload(u, NULL, out_bytes(u, i)))) return -1;
+  void *saved = rank_upload(u, NULL, mok_saved_bytes(u->ws, T));
+  if (!saved) return -1;
+  const mok_weights w = {d[4], d[5], d[6], d[7], d[8], d[9]};
+  const mok_grads g = {u->dev_out[OUT_DW_GATE],  u->dev_out[OUT_DW_UP],
+                       u->dev_out[OUT_DW_DOWN],  u->dev_out[OUT_DWS_GATE],
+                       u->dev_out[OUT_DWS_UP],   u->dev_out[OUT_DWS_DOWN]};
+  free(f->saved);
+  *f = (mok_forward_args){T, d[0], d[2], d[3], w, u->dev_out[OUT_Y], saved};
+  *b = (mok_backward_args){T, d[0], d[2], d[3], w, saved, d[1], u->dev_out[OUT_DX],
+                           u->dev_out[OUT_DTW], g, b->grad_mode};
+  return 0;
+}
+
+/* cuda: the outputs into out[]. */
+static int rank_download(ep_rank *u) {
+  for (int i = 0; u->cuda && i < OUT_COUNT; i++) {
+    if (!u->n[i]) continue;
+    cudaError_t e = cudaMemcpy(u->out[i], u->dev_out[i], out_bytes(u, i), cudaMemcpyDeviceToHost);
+    if (e != cudaSuccess) {
+      tool_error("fetching %s: %s", tool_output_names[i], cudaGetErrorString(e));
+      return -1;
+    }
+  }
+  return 0;
+}
 
 /* Rank r of R over tokens [r T, (r+1) T) and experts [r E/R, (r+1) E/R) of L (R = 1: all), with
  * its share of the threads (all cores split between the ranks by default). */
@@ -42,6 +110,8 @@ static int rank_init(ep_rank *u, const mok_host_layer *L, const cli_options *o, 
   mok_context_config cfg = MOK_CONTEXT_CONFIG_INIT;
   cfg.ep_rank = r, cfg.ep_size = R, cfg.group = R > 1 ? g : NULL;
   cfg.threads = ((o->threads > 0 ? o->threads : omp_get_max_threads()) + R - 1) / R;
+  cfg.backend = o->backend, cfg.device = o->device;
+  u->cuda = o->backend == MOK_BACKEND_CUDA;
   mok_status st = mok_context_create(&cfg, &u->ctx);
   if (st != MOK_OK) return tool_mok_error("mok_context_create", st);
   mok_shape shape = *gs;
@@ -72,17 +142,21 @@ static int rank_init(ep_rank *u, const mok_host_layer *L, const cli_options *o, 
                   u->out[OUT_DWS_GATE], u->out[OUT_DWS_UP], u->out[OUT_DWS_DOWN]};
   u->b = (mok_backward_args){T, u->f.x, u->f.topk_ids, u->f.topk_weights, w, saved,
                              L->dy + r * T * H, u->out[OUT_DX], u->out[OUT_DTW], gr, o->grad_mode};
-  return 0;
+  return u->cuda ? rank_to_device(u, L, T, El) : 0;
 }
 
 /* Every output to NaN (all bits set), so a value a run forgot to write shows. */
 static void rank_poison(ep_rank *u) {
-  for (int i = 0; i < OUT_COUNT; i++)
+  for (int i = 0; i < OUT_COUNT; i++) {
     if (u->out[i]) memset(u->out[i], 0xff, out_bytes(u, i));
+    if (u->dev_out[i]) cudaMemset(u->dev_out[i], 0xff, out_bytes(u, i));
+  }
 }
 
 static void rank_fini(ep_rank *u) {
-  free(u->f.saved);
+  if (!u->cuda) free(u->f.saved);
+  for (int i = 0; i < u->n_in; i++) cudaFree(u->dev_in[i]);
+  if (u->stream) cudaStreamDestroy(u->stream);
   for (int i = 0; i < OUT_COUNT; i++) free(u->out[i]);
   mok_workspace_destroy(u->ws);
   mok_context_destroy(u->ctx);
@@ -93,17 +167,25 @@ static void rank_status(ep_rank *u, mok_status st) {
   if (st != MOK_OK) snprintf(u->err, sizeof u->err, "%s", mok_last_error());
 }
 
+/* cuda: waits for the rank's stream and reports its device errors (mok_check). */
+static mok_status rank_wait(ep_rank *u, mok_status st) {
+  return st == MOK_OK && u->cuda ? mok_check(u->ws, u->stream) : st;
+}
+
 static void *rank_forward(void *p) {
   ep_rank *u = p;
-  rank_status(u, mok_forward(u->ws, &u->f, NULL));
+  rank_status(u, rank_wait(u, mok_forward(u->ws, &u->f, u->stream)));
   return NULL;
 }
 
 static void *rank_backward(void *p) {
   ep_rank *u = p;
-  for (int i = OUT_DW_GATE; i < OUT_COUNT; i++) /* f32 main grads start from zero every time */
-    if (u->b.grad_mode == MOK_GRAD_ACCUMULATE_F32 && u->out[i]) memset(u->out[i], 0, out_bytes(u, i));
-  rank_status(u, mok_backward(u->ws, &u->b, NULL));
+  for (int i = OUT_DW_GATE; i < OUT_COUNT; i++) { /* f32 main grads start from zero every time */
+    if (u->b.grad_mode != MOK_GRAD_ACCUMULATE_F32 || !u->out[i]) continue;
+    if (u->cuda) cudaMemsetAsync(u->dev_out[i], 0, out_bytes(u, i), u->stream);
+    else memset(u->out[i], 0, out_bytes(u, i));
+  }
+  rank_status(u, rank_wait(u, mok_backward(u->ws, &u->b, u->stream)));
   return NULL;
 }
 
@@ -128,6 +210,8 @@ static int step(ep_rank *ranks, int R, double *fwd_ms, double *bwd_ms) {
   const double b = f < 0 ? -1 : all_ranks(ranks, R, rank_backward);
   if (fwd_ms) *fwd_ms = f;
   if (bwd_ms) *bwd_ms = b;
+  for (int r = 0; r < R && b >= 0; r++)
+    if (rank_download(&ranks[r])) return -1;
   return f < 0 || b < 0 ? -1 : 0;
 }
 
