@@ -35,7 +35,7 @@ typedef struct ep_rank {
   int cuda;
   cudaStream_t stream;
   void *dev_out[OUT_COUNT];
-  void *dev_in[12];
+  void *dev_in[24];          /* inputs (10), outputs (9), saved */
   int n_in;
 } ep_rank;
 
