@@ -44,6 +44,10 @@ static size_t out_bytes(const ep_rank *u, int i) { return (size_t)u->n[i] * (siz
 /* A device copy of `bytes` at host (NULL: uninitialised), kept for rank_fini; NULL on failure. */
 static void *rank_upload(ep_rank *u, const void *host, size_t bytes) {
   void *p = NULL;
+  if (u->n_in == (int)(sizeof u->dev_in / sizeof u->dev_in[0])) {
+    tool_error("too many device buffers for a rank");
+    return NULL;
+  }
   cudaError_t e = cudaMalloc(&p, bytes ? bytes : 16);
   if (e == cudaSuccess && host) e = cudaMemcpy(p, host, bytes, cudaMemcpyHostToDevice);
   if (e != cudaSuccess) {
