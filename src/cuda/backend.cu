@@ -85,6 +85,17 @@ static mok_status cuda_context_init(mok_context *ctx) {
   if (ctx->cfg.sms > 0 && ctx->cfg.sms < ctx->sm_count) ctx->sm_count = ctx->cfg.sms;
   ctx->gemm_ctas = (ctx->sm_count < max_ctas ? ctx->sm_count : max_ctas) / GEMM_CLUSTER * GEMM_CLUSTER;
   if (ctx->gemm_ctas < GEMM_CLUSTER) ctx->gemm_ctas = GEMM_CLUSTER;
+  if (ctx->cfg.group) {
+    /* Emulated ranks share this GPU. A persistent GEMM needs all its CTAs resident at once, and
+     * a rank waiting at a barrier holds part of an SM until its peers arrive: with every rank's
+     * GEMM asking for every SM, the peer's GEMM never got its last CTA in and the barrier timed
+     * out (seen on the H200). So each rank's GEMMs get an equal share of the SMs left over when
+     * every rank holds one. */
+    const int R = ctx->cfg.ep_size;
+    int share = (ctx->sm_count - R) / R / GEMM_CLUSTER * GEMM_CLUSTER;
+    if (share < GEMM_CLUSTER) share = GEMM_CLUSTER;
+    if (ctx->gemm_ctas > share) ctx->gemm_ctas = share;
+  }
   return MOK_OK;
 }
 
