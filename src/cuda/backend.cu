@@ -79,6 +79,9 @@ static mok_status cuda_context_init(mok_context *ctx) {
   int max_ctas = 0;
   TRY(device_enter(ctx, &g));
   cudaError_t e = gemm_init(&max_ctas);
+  if (e == cudaSuccess) e = ep_preload();
+  if (e == cudaSuccess) e = rows_preload();
+  if (e == cudaSuccess) e = schedule_preload();
   device_leave(ctx, &g);
   if (e != cudaSuccess) return cuda_fail(e, "GEMM kernel attributes");
   ctx->sm_count = p.multiProcessorCount;

@@ -61,3 +61,9 @@ cudaError_t ep_barrier_launch(const ep_table *tb, int rank, int ranks, int when,
                                   tokens, add, timeout_ns);
   return cudaGetLastError();
 }
+
+/* Loads the kernels of this file now (see kernels_preload in kernels.h). */
+cudaError_t ep_preload(void) {
+  cudaFuncAttributes a;
+  return cudaFuncGetAttributes(&a, (const void *)ep_barrier);
+}

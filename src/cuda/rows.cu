@@ -111,3 +111,12 @@ cudaError_t router_grad_launch(const int32_t *status, int32_t *sticky, int slots
                                                                          chunks, part, out);
   return cudaGetLastError();
 }
+
+/* Loads the kernels of this file now (see kernels_preload in kernels.h). */
+cudaError_t rows_preload(void) {
+  cudaFuncAttributes a;
+  cudaError_t e = cudaFuncGetAttributes(&a, (const void *)dispatch_rows);
+  if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, (const void *)combine_rows);
+  if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, (const void *)router_grad);
+  return e;
+}

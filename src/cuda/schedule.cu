@@ -180,3 +180,12 @@ cudaError_t schedule_launch(const sched_args *a, cudaStream_t stream) {
   sched_place<<<chunks, SCHED_THREADS, smem, stream>>>(*a);
   return cudaGetLastError();
 }
+
+/* Loads the kernels of this file now (see kernels_preload in kernels.h). */
+cudaError_t schedule_preload(void) {
+  cudaFuncAttributes a;
+  cudaError_t e = cudaFuncGetAttributes(&a, (const void *)sched_count);
+  if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, (const void *)sched_scan);
+  if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, (const void *)sched_place);
+  return e;
+}
