@@ -82,7 +82,8 @@ const char *mok_last_error(void);
  * mok_forward / mok_backward from its own thread, as separate processes would; their buffers
  * serve as each other's peer memory. A rank that has not reached a call's barrier after
  * `timeout_ms` (0 = 10 000) makes every rank waiting there fail with MOK_ERR_TIMEOUT, and the
- * group stays failed. CPU backend for now; 1 <= ranks <= MOK_EP_MAX. */
+ * group stays failed. CPU and CUDA backends (CUDA: the ranks share one GPU, each on its own
+ * stream); 1 <= ranks <= MOK_EP_MAX. */
 #define MOK_EP_MAX 64
 mok_status mok_ep_group_create_emulated(int ranks, int timeout_ms, mok_ep_group **out);
 /* Destroy calls of groups, contexts and workspaces may come in any order: a context holds its
