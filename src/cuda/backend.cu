@@ -92,8 +92,7 @@ static mok_status cuda_context_init(mok_context *ctx) {
     /* Emulated ranks share this GPU. A persistent GEMM needs all its CTAs resident at once, and
      * a rank waiting at a barrier holds part of an SM until its peers arrive: with every rank's
      * GEMM asking for every SM, a peer's GEMM could wait for its last CTA forever. So each rank's
-     * GEMMs get an equal share of the SMs left over when every rank holds one. (The CLI's dsv3
-     * timeouts on the H200 remained with this share: docs/perf-log.md.) */
+     * GEMMs get an equal share of the SMs left over when every rank holds one. */
     const int R = ctx->cfg.ep_size;
     int share = (ctx->sm_count - R) / R / GEMM_CLUSTER * GEMM_CLUSTER;
     if (share < GEMM_CLUSTER) share = GEMM_CLUSTER;

@@ -148,10 +148,11 @@ cudaError_t combine_launch(const int32_t *status, int T, int k, int H, const flo
 cudaError_t router_grad_launch(const int32_t *status, int32_t *sticky, int slots, int chunks,
                                const float *part, float *out, cudaStream_t stream);
 
-/* Lazy module loading (the CUDA 12+ default) loads a kernel at its first launch; if that load
- * waits for running kernels, a rank spinning at a barrier for a peer whose launch waits on the
- * load never returns. So every kernel is loaded at context creation (the GEMMs by gemm_init).
- * A hypothesis for the CLI's EP timeouts, not yet checked on a GPU. */
+/* Lazy module loading (the CUDA 12+ default) loads a kernel at its first launch, and a load may
+ * wait for the kernels running on the device: a rank spinning at a barrier for a peer whose next
+ * launch waits on such a load never returns. So every kernel is loaded at context creation (the
+ * GEMMs by gemm_init). Without this, `mok run --ep R --backend cuda` timed out at the first
+ * barrier on an H200; with it, it passes (docs/perf-log.md, 2026-12-02, fourth session). */
 cudaError_t ep_preload(void);
 cudaError_t rows_preload(void);
 cudaError_t schedule_preload(void);
