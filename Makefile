@@ -7,10 +7,30 @@ NVCC    ?= nvcc
 CUDA    ?= $(patsubst %/bin/nvcc,%,$(shell command -v $(NVCC)))
 PYTHON  ?= python3
 
+# NCCL's headers (2.28 or later: nccl_device.h); the library itself is loaded at run time, so
+# the headers should be those of the NCCL that will be loaded: the CUDA toolkit's, else the
+# nvidia-nccl wheel of $(PYTHON) (torch's), else the system's.
+ifndef NCCL_INC
+NCCL_INC := $(wildcard $(CUDA)/include/nccl_device.h)
+ifeq ($(NCCL_INC),)
+NCCL_INC := $(wildcard $(shell $(PYTHON) -c "import nvidia.nccl as n; print(n.__path__[0])" \
+            2>/dev/null)/include/nccl_device.h)
+endif
+ifeq ($(NCCL_INC),)
+NCCL_INC := $(wildcard /usr/include/nccl_device.h /usr/local/include/nccl_device.h)
+endif
+NCCL_INC := $(patsubst %/nccl_device.h,%,$(firstword $(NCCL_INC)))
+endif
+ifeq ($(NCCL_INC),)
+$(error no nccl_device.h (NCCL 2.28+ headers) in $(CUDA)/include, the nvidia-nccl wheel, /usr/include or /usr/local/include; set NCCL_INC)
+endif
+# -isystem: NCCL's headers do not build warning-free; /usr/include is a system directory already.
+NCCL_FLAG := $(if $(filter /usr/include,$(NCCL_INC)),,-isystem $(NCCL_INC))
+
 WARN    := -Wall -Wextra -Werror
-CFLAGS  := -std=c11 -O2 -g -fPIC -fopenmp $(WARN) -Iinclude -Isrc -D_GNU_SOURCE -I$(CUDA)/include
+CFLAGS  := -std=c11 -O2 -g -fPIC -fopenmp $(WARN) -Iinclude -Isrc -D_GNU_SOURCE -I$(CUDA)/include $(NCCL_FLAG)
 NVFLAGS := -std=c++17 -O3 -g -lineinfo -gencode arch=compute_90a,code=sm_90a -Werror all-warnings \
-           -Xcompiler -fPIC,-Wall,-Wextra,-Werror -Iinclude -Isrc -I$(CUDA)/include $(NVEXTRA)
+           -Xcompiler -fPIC,-Wall,-Wextra,-Werror -Iinclude -Isrc -I$(CUDA)/include $(NCCL_FLAG) $(NVEXTRA)
 LDLIBS  := -L$(CUDA)/lib64 -lcudart_static -lrt -ldl -lpthread -lm -fopenmp -lstdc++
 
 LIB_C   := $(wildcard src/*.c src/cpu/*.c)

@@ -86,6 +86,25 @@ const char *mok_last_error(void);
  * stream); 1 <= ranks <= MOK_EP_MAX. */
 #define MOK_EP_MAX 64
 mok_status mok_ep_group_create_emulated(int ranks, int timeout_ms, mok_ep_group **out);
+
+/* One process per GPU: a group over an NCCL communicator (NCCL 2.28 or later, loaded from
+ * libnccl.so.2 when the first such group is made; CUDA backend only). The group's size and this
+ * process's rank are the communicator's; the context takes ep_rank = that rank, ep_size = that
+ * size and device = the communicator's GPU. Making the workspace is collective (every rank, one
+ * shape, at the same point): it registers the workspace as an NCCL symmetric window, and every
+ * rank fails if the shapes differ. Destroying it is collective too (the window is deregistered).
+ * Calls then meet only at device barriers, as emulated ranks do. `comm` stays the caller's and
+ * must outlive the group. */
+struct ncclComm; /* ncclComm_t is struct ncclComm * */
+mok_status mok_ep_group_create_nccl(struct ncclComm *comm, int timeout_ms, mok_ep_group **out);
+/* Without a communicator at hand: one rank makes an id, every rank gets its bytes (a file, a
+ * socket, torch.distributed's broadcast), and each creates the group with its rank; mok then
+ * makes the communicator on `device` and owns it. The call returns once every rank has joined. */
+#define MOK_NCCL_ID_BYTES 128
+mok_status mok_nccl_id(unsigned char id[MOK_NCCL_ID_BYTES]);
+mok_status mok_ep_group_create_nccl_id(const unsigned char id[MOK_NCCL_ID_BYTES], int rank,
+                                       int ranks, int device, int timeout_ms,
+                                       mok_ep_group **out);
 /* Destroy calls of groups, contexts and workspaces may come in any order: a context holds its
  * group and a workspace its context, and each is freed when the last holder is gone. */
 void mok_ep_group_destroy(mok_ep_group *g); /* accepts NULL */
@@ -99,7 +118,8 @@ typedef struct mok_context_config {
   int threads;  /* CPU backend worker threads; 0 = all cores */
   int sms;      /* CUDA: multiprocessors the persistent kernels spread over; 0 = all.
                  * A tuning knob: it never changes a bit of any result (DESIGN §3, D2). */
-  mok_ep_group *group; /* the EP group when ep_size > 1 (its size is ep_size), else NULL */
+  mok_ep_group *group; /* the EP group (its size is ep_size); NULL when ep_size = 1, or an
+                        * NCCL group of one rank */
 } mok_context_config;
 #define MOK_CONTEXT_CONFIG_INIT {MOK_BACKEND_CPU, 0, 0, 1, 0, 0, NULL}
 

@@ -49,9 +49,20 @@ mok_status mok_context_create(const mok_context_config *cfg, mok_context **out) 
   if (cfg->ep_size > 1 || cfg->group) {
     CHECK_ARG(cfg->group != NULL,
               "ep_size is %d but group is NULL; expected an EP group of ep_size ranks "
-              "(mok_ep_group_create_emulated)", cfg->ep_size);
+              "(mok_ep_group_create_emulated or _nccl)", cfg->ep_size);
     CHECK_ARG(cfg->group->size == cfg->ep_size, "ep_size is %d but the group has %d ranks",
               cfg->ep_size, cfg->group->size);
+  }
+  const mok_ep_group *g = cfg->group;
+  if (g && g->nccl) {
+    if (cfg->backend != MOK_BACKEND_CUDA)
+      return mok_fail(MOK_ERR_UNSUPPORTED, "an NCCL group needs the CUDA backend");
+    CHECK_ARG(cfg->ep_rank == g->nccl_rank,
+              "ep_rank is %d but this process is rank %d of the NCCL communicator", cfg->ep_rank,
+              g->nccl_rank);
+    CHECK_ARG(cfg->device == g->nccl_device,
+              "device is %d but the NCCL communicator is on device %d", cfg->device,
+              g->nccl_device);
   }
   mok_context *ctx = calloc(1, sizeof *ctx);
   if (!ctx) return mok_fail(MOK_ERR_OUT_OF_MEMORY, "no host memory for a context");
@@ -230,7 +241,8 @@ static mok_status refuse_with_peers(mok_workspace *ws, mok_status st, void *stre
     return mok_fail(MOK_ERR_TIMEOUT, "an earlier call of this EP group timed out, which leaves "
                                      "the group failed; create a new one");
   mok_workspace *members[MOK_EP_MAX];
-  if (g && ws->ctx->ops->refuse && !mok_group_members(g, members)) {
+  /* (An NCCL group's workspaces are made together: each rank has one once this rank has.) */
+  if (g && !g->nccl && ws->ctx->ops->refuse && !mok_group_members(g, members)) {
     /* Device barriers need every rank's buffers: refused here, the others will time out. */
     int missing = 0;
     while (members[missing]) missing++;

@@ -25,6 +25,10 @@ mok_status mok_ep_group_create_emulated(int ranks, int timeout_ms, mok_ep_group 
   *out = NULL;
   if (ranks < 1 || ranks > MOK_EP_MAX)
     return mok_fail(MOK_ERR_INVALID_ARG, "ranks is %d; expected 1..%d", ranks, MOK_EP_MAX);
+  return mok_group_alloc(ranks, timeout_ms, out);
+}
+
+mok_status mok_group_alloc(int ranks, int timeout_ms, mok_ep_group **out) {
   if (timeout_ms < 0)
     return mok_fail(MOK_ERR_INVALID_ARG, "timeout_ms is %d; expected >= 0 (0 = 10 s)", timeout_ms);
   mok_ep_group *g = calloc(1, sizeof *g);
@@ -55,6 +59,7 @@ void mok_group_retain(mok_ep_group *g) {
 
 void mok_group_release(mok_ep_group *g) {
   if (!g || __atomic_sub_fetch(&g->refs, 1, __ATOMIC_ACQ_REL) != 0) return;
+  mok_nccl_release(g);
   group_sync *y = g->sync;
   pthread_mutex_destroy(&y->mu);
   pthread_cond_destroy(&y->cv);

@@ -57,9 +57,10 @@ typedef struct mok_saved_layout {
   size_t bytes;          /* total */
 } mok_saved_layout;
 
-/* ---- expert-parallel group (group.c) -------------------------------------------------------- */
-/* Emulated ranks in one process. `ws` is the peer table: rank r's workspace, whose symmetric
- * buffers the other ranks read (dispatch pulls) and write (combine pushes into their own slots). */
+/* ---- expert-parallel group (group.c, nccl.c) ------------------------------------------------ */
+/* Emulated ranks in one process, or one rank of a group of processes over NCCL. `ws` is the peer
+ * table: rank r's workspace, whose symmetric buffers the other ranks read (dispatch pulls) and
+ * write (combine pushes into their own slots); an NCCL group holds only its own rank's. */
 struct mok_ep_group {
   int refs;             /* the caller's handle + one per context: freed when the last goes */
   int size;
@@ -67,7 +68,14 @@ struct mok_ep_group {
   int broken;           /* a barrier timed out: every later barrier fails at once */
   struct mok_workspace *ws[MOK_EP_MAX];
   void *sync;           /* mutex, condition and barrier state (group.c) */
+  void *nccl;           /* NCCL group: its ncclComm_t; NULL for emulated ranks */
+  int nccl_rank;        /* NCCL group: this process's rank and device */
+  int nccl_device;
+  int owns_nccl;        /* made from an id: mok destroys the communicator with the group */
 };
+
+/* group.c: a group of `ranks` with its lock; nccl.c fills in the NCCL fields. */
+mok_status mok_group_alloc(int ranks, int timeout_ms, mok_ep_group **out);
 
 /* Every rank of the group calls this at the same points of a call. `bits` in: this rank's error
  * bits (MOK_DEVERR_*); out: the OR over all ranks, so every rank stops when any one must.
@@ -87,6 +95,23 @@ int mok_group_broken(const mok_ep_group *g);
 void mok_group_break(mok_ep_group *g);
 /* 1 and every rank's workspace in out[0..size) if each rank has one, else 0. */
 int mok_group_members(mok_ep_group *g, struct mok_workspace **out);
+
+/* ---- NCCL (nccl.c), loaded at the first NCCL group -------------------------------------------- */
+/* The group is being freed: destroys its communicator if mok made it. */
+void mok_nccl_release(mok_ep_group *g);
+/* NCCL_VERSION_CODE of the NCCL loaded (0 if none). */
+int mok_nccl_version(void);
+/* Memory for a symmetric window: ncclMemAlloc / ncclMemFree. */
+mok_status mok_nccl_mem_alloc(void **p, size_t bytes);
+void mok_nccl_mem_free(void *p);
+/* Collective over the group: registers [p, p + bytes) as a symmetric window and returns the
+ * ncclWindow_t. */
+mok_status mok_nccl_window_register(mok_ep_group *g, void *p, size_t bytes, void **win);
+void mok_nccl_window_deregister(mok_ep_group *g, void *win);
+/* Collective: every rank's `bytes` at `send` (device) into recv[rank * bytes] (device), on
+ * `stream`, then waits for it. */
+mok_status mok_nccl_all_gather(mok_ep_group *g, const void *send, void *recv, size_t bytes,
+                               void *stream);
 
 struct mok_backend_ops;
 

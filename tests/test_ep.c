@@ -397,7 +397,30 @@ static void schedule_counts_per_rank(void) {
   mok_host_layer_destroy(&L);
 }
 
+/* NCCL groups, on the host alone (tests/gpu/test_nccl.c runs one): what is checked before NCCL
+ * is touched, and an id from whichever NCCL is installed (or a message saying there is none). */
+static void nccl_group_arguments(void) {
+  mok_ep_group *g = (mok_ep_group *)&g;
+  mok_status st = mok_ep_group_create_nccl(NULL, 0, &g);
+  CHECK(st == MOK_ERR_INVALID_ARG && !g, "a NULL communicator gave %s", mok_status_name(st));
+  unsigned char id[MOK_NCCL_ID_BYTES] = {0};
+  const int bad[][3] = {{0, 0, 0}, {2, 2, 0}, {-1, 2, 0}, {0, MOK_EP_MAX + 1, 0}, {0, 2, -1}};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    g = (mok_ep_group *)&g;
+    st = mok_ep_group_create_nccl_id(id, bad[i][0], bad[i][1], 0, bad[i][2], &g);
+    CHECK(st == MOK_ERR_INVALID_ARG && !g, "rank %d of %d, timeout %d gave %s", bad[i][0],
+          bad[i][1], bad[i][2], mok_status_name(st));
+  }
+  st = mok_ep_group_create_nccl_id(NULL, 0, 1, 0, 0, &g);
+  CHECK(st == MOK_ERR_INVALID_ARG, "a NULL id gave %s", mok_status_name(st));
+  CHECK(mok_nccl_id(NULL) == MOK_ERR_INVALID_ARG, "mok_nccl_id(NULL) accepted");
+  st = mok_nccl_id(id);
+  CHECK(st == MOK_OK || (st == MOK_ERR_UNSUPPORTED && strstr(mok_last_error(), "libnccl")),
+        "mok_nccl_id gave %s: %s", mok_status_name(st), mok_last_error());
+}
+
 const test_case tests_ep[] = {
+    {"ep/nccl_group_arguments", nccl_group_arguments},
     {"ep/D4_bits_across_ep_1_2_4_8", d4_across_ep},
     {"ep/D4_uneven_tokens_repeated", d4_uneven_repeated},
     {"ep/absent_rank_times_out", absent_rank_times_out},

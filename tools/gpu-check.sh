@@ -10,6 +10,12 @@ mkdir -p "$out"
 export PYTHONUNBUFFERED=1 MOK_LIB=build/libmok.so
 # The device gets a copy of the tree without .git: the caller passes the commit in MOK_COMMIT.
 export MOK_COMMIT=${MOK_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
+# Where the CUDA toolkit has no NCCL headers, make takes them from torch's nvidia-nccl wheel; the
+# C tests then need that NCCL too (mok refuses one whose version differs from its headers').
+wheel=$(python3 -c "import nvidia.nccl as n; print(n.__path__[0])" 2>/dev/null)
+if [ -n "$wheel" ] && [ -e "$wheel/lib/libnccl.so.2" ]; then
+  export LD_LIBRARY_PATH=$wheel/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+fi
 summary=()
 step() { # step NAME TIMEOUT_S COMMAND...: runs it, logs to $out/NAME.log, records ok/FAIL
   local name=$1 limit=$2; shift 2

@@ -6,7 +6,9 @@ Without torch (numpy arrays, CPU backend):
 With torch (CPU tensors -> CPU backend, CUDA tensors -> CUDA backend), with autograd:
     y = mok.moe(x, topk_ids, topk_weights, w_gate, w_up, w_down)
     layer = mok.MoELayer(hidden, inter, experts, top_k)
-`mok.moe`, `mok.MoELayer` and `mok.check` import torch on first use (torch_ops.py).
+Expert parallelism, one process per GPU: mok.moe(..., group=pg, max_tokens=N) with a
+torch.distributed process group (mok.ep_group(pg) makes mok's NCCL group for it).
+`mok.moe`, `mok.MoELayer`, `mok.check` and `mok.ep_group` import torch on first use.
 The library is loaded from $MOK_LIB, else from <repo>/build/libmok.so (`make` builds it).
 """
 from ._lib import (MokAlignmentError, MokCapacityError, MokCudaError, MokError, MokExpertIdError,
@@ -14,19 +16,20 @@ from ._lib import (MokAlignmentError, MokCapacityError, MokCudaError, MokError, 
                    MokUnsupported, library_path)
 from ._lib import lib as _clib
 from .bf16 import bf16_to_f32, f32_to_bf16, round_bf16
-from .core import Context, Dims, EPGroup, Workspace, clear_cache, cuda_device_count
+from .core import Context, Dims, EPGroup, Workspace, clear_cache, cuda_device_count, nccl_id
 from .numpy_api import Grads, Layer, aligned_empty, backward, forward
 
 __all__ = ["MokAlignmentError", "MokCapacityError", "MokCudaError", "MokError", "MokExpertIdError",
            "MokInternalError", "MokInvalidArgument", "MokNcclError", "MokOutOfMemory", "MokTimeout",
            "MokUnsupported", "library_path", "bf16_to_f32", "f32_to_bf16", "round_bf16", "Context",
-           "Dims", "EPGroup", "Workspace", "clear_cache", "cuda_device_count", "Grads", "Layer",
-           "aligned_empty", "backward", "forward", "moe", "MoELayer", "check", "set_debug"]
+           "Dims", "EPGroup", "Workspace", "clear_cache", "cuda_device_count", "nccl_id", "Grads",
+           "Layer", "aligned_empty", "backward", "forward", "moe", "MoELayer", "check", "set_debug",
+           "ep_group"]
 
 __version__ = "%d.%d.%d" % (_clib.mok_version() // 10000, _clib.mok_version() // 100 % 100,
                             _clib.mok_version() % 100)
 
-_TORCH_NAMES = ("moe", "MoELayer", "check", "set_debug", "torch_ops")
+_TORCH_NAMES = ("moe", "MoELayer", "check", "set_debug", "ep_group", "torch_ops")
 
 
 def __getattr__(name):

@@ -34,18 +34,46 @@ def _cpu_threads():
     return int(os.environ.get("MOK_CPU_THREADS", "0"))
 
 
+NCCL_ID_BYTES = 128  # mok.h MOK_NCCL_ID_BYTES
+
+
+def nccl_id():
+    """An NCCL unique id (bytes) for EPGroup.nccl: one rank makes it, every rank gets it."""
+    buf = ctypes.create_string_buffer(NCCL_ID_BYTES)
+    check(lib.mok_nccl_id(buf), "mok_nccl_id")
+    return buf.raw
+
+
 class EPGroup:
-    """An expert-parallel group of `ranks` ranks emulated in this process (mok_ep_group): each
-    rank gets its own Context(group=, rank=) and workspace and calls from its own thread (ctypes
-    releases the GIL while mok runs). A rank that does not arrive within timeout_ms (0 = 10 s)
-    makes the others raise MokTimeout. CPU backend."""
+    """An expert-parallel group (mok_ep_group).
+
+    EPGroup(ranks): `ranks` ranks emulated in this process: each rank gets its own
+    Context(group=, rank=) and workspace and calls from its own thread (ctypes releases the GIL
+    while mok runs). EPGroup.nccl(...): this process's rank of a group of processes, one GPU each,
+    over an NCCL communicator (CUDA backend); `rank` and `device` are then this process's.
+    A rank that does not arrive within timeout_ms (0 = 10 s) makes the others raise MokTimeout."""
 
     def __init__(self, ranks, timeout_ms=0):
         ptr = ctypes.c_void_p()
         check(lib.mok_ep_group_create_emulated(int(ranks), int(timeout_ms), ctypes.byref(ptr)),
               "mok_ep_group_create_emulated")
-        self.ranks = int(ranks)
+        self.ranks, self.rank, self.device = int(ranks), None, None
         self.ptr, self._destroy = ptr.value, lib.mok_ep_group_destroy
+
+    @classmethod
+    def nccl(cls, id_bytes, rank, ranks, device, timeout_ms=0):
+        """Rank `rank` of `ranks` processes on CUDA device `device`, joined through the NCCL id
+        `id_bytes` (nccl_id() on one rank). Returns once every rank has joined."""
+        if not isinstance(id_bytes, (bytes, bytearray)) or len(id_bytes) != NCCL_ID_BYTES:
+            raise ValueError(f"id_bytes must be the {NCCL_ID_BYTES} bytes of mok.nccl_id()")
+        g = cls.__new__(cls)
+        ptr = ctypes.c_void_p()
+        check(lib.mok_ep_group_create_nccl_id(bytes(id_bytes), int(rank), int(ranks), int(device),
+                                              int(timeout_ms), ctypes.byref(ptr)),
+              "mok_ep_group_create_nccl_id")
+        g.ranks, g.rank, g.device = int(ranks), int(rank), int(device)
+        g.ptr, g._destroy = ptr.value, lib.mok_ep_group_destroy
+        return g
 
     def close(self):
         """Drops this handle; mok frees the group when its last context is gone too."""
@@ -62,6 +90,8 @@ class Context:
     def __init__(self, backend="cpu", device=0, threads=None, group=None, rank=0):
         if backend not in BACKENDS:
             raise ValueError(f"backend is {backend!r}; expected 'cpu' or 'cuda'")
+        if group is not None and group.rank is not None:  # NCCL: the process's rank and GPU
+            rank, device = group.rank, group.device
         self.backend, self.device = backend, int(device)
         self.threads = _cpu_threads() if threads is None else int(threads)
         self.group, self.rank = group, int(rank)  # the group outlives its contexts
@@ -180,12 +210,12 @@ _workspaces = {}  # (dims, backend, device) -> Workspace
 _retired = []     # replaced by bigger ones; alive for graphs that captured them
 
 
-def context(backend="cpu", device=0):
-    key = (backend, int(device), _cpu_threads())
+def context(backend="cpu", device=0, group=None):
+    key = (backend, int(device), _cpu_threads(), id(group))  # the context holds its group
     with _cache_lock:
         ctx = _contexts.get(key)
         if ctx is None:
-            ctx = _contexts[key] = Context(backend, device, key[2])
+            ctx = _contexts[key] = Context(backend, device, key[2], group)
         return ctx
 
 
@@ -197,10 +227,14 @@ def _grown(tokens, top_k):
     return max(want, min(n, limit))
 
 
-def workspace(dims, tokens, backend="cpu", device=0, max_tokens=None):
+def workspace(dims, tokens, backend="cpu", device=0, max_tokens=None, group=None):
     """The cached workspace for dims on (backend, device) that holds `tokens` tokens, created or
-    grown as needed (`max_tokens` asks for at least that many, e.g. before a CUDA graph capture)."""
+    grown as needed (`max_tokens` asks for at least that many, e.g. before a CUDA graph capture).
+    With an NCCL EP group it is made once, for max_tokens, and never grows: making it is
+    collective, and ranks whose calls differ in T would not all grow together."""
     dims = Dims(*dims)
+    if group is not None:
+        return _group_workspace(dims, int(tokens), backend, int(device), max_tokens, group)
     key = (dims, backend, int(device))
     need = max(int(tokens), int(max_tokens or 0))
     with _cache_lock:
@@ -217,6 +251,24 @@ def workspace(dims, tokens, backend="cpu", device=0, max_tokens=None):
             _retired.append(cur)
         _workspaces[key] = new
         return new
+
+
+def _group_workspace(dims, tokens, backend, device, max_tokens, group):
+    key = (dims, backend, device, id(group))
+    with _cache_lock:
+        ws = _workspaces.get(key)
+    if ws is None:
+        if not max_tokens:
+            raise ValueError("with an EP group, pass max_tokens (the most tokens any rank's call "
+                             "will have): every rank makes the workspace together, once")
+        ws = Workspace(context(backend, device, group), dims, int(max_tokens))
+        with _cache_lock:
+            _workspaces[key] = ws
+    if tokens > ws.max_tokens:
+        raise ValueError(f"T = {tokens} exceeds max_tokens ({ws.max_tokens}) of this EP group's "
+                         f"workspace, which cannot grow; pass a larger max_tokens on every rank "
+                         f"from the first call")
+    return ws
 
 
 def cached_workspaces(backend=None, device=None, retired=False):

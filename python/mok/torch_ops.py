@@ -35,9 +35,10 @@ _DTYPES = {"x": torch.bfloat16, "dy": torch.bfloat16, "topk_ids": torch.int32,
            "topk_weights": torch.float32, **{n: torch.bfloat16 for n in WEIGHTS}}
 
 
-def _check(where, tensors, real):
+def _check(where, tensors, real, ep=1):
     """dtype, device and layout of every tensor (None = absent), then the shapes; returns (T, dims).
-    `real` adds what fake tensors cannot answer: pointer alignment."""
+    `real` adds what fake tensors cannot answer: pointer alignment. `ep`: ranks of the EP group
+    (the weights hold E / ep experts)."""
     dev = tensors["x"].device if isinstance(tensors.get("x"), Tensor) else None
     for name, t in tensors.items():
         if t is None:
@@ -57,7 +58,7 @@ def _check(where, tensors, real):
     if dev.type not in ("cpu", "cuda") and not (dev.type == "meta" and not real):
         raise ValueError(f"{where}: x is on {dev}; mok runs on 'cpu' or 'cuda' tensors")
     shapes = {n: (None if t is None else tuple(t.shape)) for n, t in tensors.items()}
-    return layer_dims(where, **shapes)
+    return layer_dims(where, **shapes, ep=ep)
 
 
 def _where(dev):
@@ -120,24 +121,85 @@ class _Device:
         return self.guard.__exit__(*exc) if self.guard else False
 
 
+# ---- expert-parallel groups ---------------------------------------------------------------------
+# The custom ops take a group as an int (a handle here; 0 = none): their schema has no room for
+# Python objects.
+_groups = {}     # handle -> core.EPGroup
+_pg_handles = {}  # torch.distributed process group -> handle
+
+
+def ep_group(process_group=None, timeout_ms=0):
+    """mok's expert-parallel group over a torch.distributed process group (default: the world),
+    one process per GPU, each on its current CUDA device. Collective over the process group: its
+    rank 0 makes an NCCL id and broadcasts it (over whatever backend the group has), then every
+    rank joins mok's own NCCL communicator. Cached per process group. A rank that does not reach
+    a call within timeout_ms (0 = 10 s) makes the others fail (mok.check raises MokTimeout)."""
+    import torch.distributed as dist
+    pg = dist.group.WORLD if process_group is None else process_group
+    if pg in _pg_handles:
+        return _groups[_pg_handles[pg]]
+    rank, size = dist.get_rank(pg), dist.get_world_size(pg)
+    box = [core.nccl_id() if rank == 0 else None]
+    dist.broadcast_object_list(box, src=dist.get_global_rank(pg, 0), group=pg)
+    g = core.EPGroup.nccl(box[0], rank, size, torch.cuda.current_device(), timeout_ms)
+    _pg_handles[pg] = _handle(g)
+    return g
+
+
+def _handle(g):
+    """The int that names core.EPGroup g in the custom ops (registering it on first use)."""
+    if g.rank is None:
+        raise TypeError("an emulated EPGroup runs under mok.Layer (numpy), one thread per rank; "
+                        "torch takes groups of processes (mok.ep_group)")
+    for h, known in _groups.items():
+        if known is g:
+            return h
+    h = len(_groups) + 1
+    _groups[h] = g
+    return h
+
+
+def _group_of(group):
+    """The handle of `group`: None, a core.EPGroup, or a torch.distributed process group."""
+    if group is None:
+        return 0
+    return _handle(group if isinstance(group, core.EPGroup) else ep_group(group))
+
+
+def _ep(group):
+    return _groups[group].ranks if group else 1
+
+
+def _group_workspace_args(group, dev, where):
+    g = _groups.get(group)
+    if g is not None and (dev.type != "cuda" or dev.index != g.device):
+        raise ValueError(f"{where}: x is on {dev}; this EP group's rank runs on cuda:{g.device}")
+    return g
+
+
 # ---- mok::forward -------------------------------------------------------------------------------
 @torch.library.custom_op("mok::forward", mutates_args=())
 def _forward_op(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, w_gate: Tensor, w_up: Tensor,
                 w_down: Tensor, ws_gate: Optional[Tensor], ws_up: Optional[Tensor],
-                ws_down: Optional[Tensor], max_tokens: int = 0) -> tuple[Tensor, Tensor]:
+                ws_down: Optional[Tensor], max_tokens: int = 0,
+                group: int = 0) -> tuple[Tensor, Tensor]:
     where = "mok.moe"
     ten = _named(x, topk_ids, topk_weights, (w_gate, w_up, w_down, ws_gate, ws_up, ws_down))
-    t, dims = _check(where, ten, real=True)
+    t, dims = _check(where, ten, real=True, ep=_ep(group))
     dev = x.device
+    g = _group_workspace_args(group, dev, where)
     y = torch.empty((t, dims.hidden), dtype=torch.bfloat16, device=dev)
-    if t == 0:
+    if t == 0 and g is None:
         return y, torch.empty(0, dtype=torch.uint8, device=dev)
+    if t == 0:
+        raise ValueError(f"{where}: T = 0; every rank of an EP group takes part in each call with "
+                         f"at least one token")
     backend, index = _where(dev)
     debug = backend == "cpu" or (_debug and not _capturing(dev))
     if debug:
         _check_ids(where, topk_ids, dims.experts)
     with _Device(dev):
-        ws = core.workspace(dims, t, backend, index, max_tokens)
+        ws = core.workspace(dims, t, backend, index, max_tokens, g)
         saved = torch.empty(_saved_len(ws, t), dtype=torch.uint8, device=dev)
         stream = _stream(dev)
         ws.forward(t, x.data_ptr(), topk_ids.data_ptr(), topk_weights.data_ptr(),
@@ -150,9 +212,9 @@ def _forward_op(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, w_gate: Tenso
 
 @_forward_op.register_fake
 def _forward_fake(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down,
-                  max_tokens=0):
+                  max_tokens=0, group=0):
     ten = _named(x, topk_ids, topk_weights, (w_gate, w_up, w_down, ws_gate, ws_up, ws_down))
-    t, dims = _check("mok.moe", ten, real=False)
+    t, dims = _check("mok.moe", ten, real=False, ep=_ep(group))
     y = x.new_empty((t, dims.hidden))
     if isinstance(t, int):
         # Static shapes: the size comes from the library, from the workspace the call will use.
@@ -160,7 +222,7 @@ def _forward_fake(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_u
             return y, x.new_empty(0, dtype=torch.uint8)
         backend, index = _where(x.device)
         with _Device(x.device):
-            ws = core.workspace(dims, t, backend, index, max_tokens)
+            ws = core.workspace(dims, t, backend, index, max_tokens, _groups.get(group))
         n = _saved_len(ws, t)
     else:
         n = torch.library.get_ctx().new_dynamic_size()  # symbolic T: a data-dependent size
@@ -171,21 +233,22 @@ def _forward_fake(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_u
 @torch.library.custom_op("mok::backward", mutates_args=())
 def _backward_op(dy: Tensor, x: Tensor, topk_ids: Tensor, topk_weights: Tensor, w_gate: Tensor,
                  w_up: Tensor, w_down: Tensor, ws_gate: Optional[Tensor], ws_up: Optional[Tensor],
-                 ws_down: Optional[Tensor], saved: Tensor) -> list[Tensor]:
+                 ws_down: Optional[Tensor], saved: Tensor, group: int = 0) -> list[Tensor]:
     """Returns [dx, d_topk_weights, dw_gate, dw_up, dw_down, dws_gate, dws_up, dws_down]; the
     shared-expert grads are empty (I_s = 0) when there is no shared expert."""
     where = "mok.moe backward"
     ten = _named(x, topk_ids, topk_weights, (w_gate, w_up, w_down, ws_gate, ws_up, ws_down), dy)
-    t, dims = _check(where, ten, real=True)
-    out = _grad_outputs(dy, dims, t)
+    t, dims = _check(where, ten, real=True, ep=_ep(group))
+    out = _grad_outputs(dy, dims, t, _ep(group))
     dev = x.device
+    g = _group_workspace_args(group, dev, where)
     if t == 0:
         for g in out[2:]:
             g.zero_()
         return out
     backend, index = _where(dev)
     with _Device(dev):
-        ws = core.workspace(dims, t, backend, index)
+        ws = core.workspace(dims, t, backend, index, group=g)
         need = _saved_len(ws, t)
         if saved.dtype != torch.uint8 or saved.device != dev or saved.numel() < need:
             raise ValueError(f"{where}: saved must be the uint8 tensor of {need} bytes on {dev} "
@@ -200,8 +263,8 @@ def _backward_op(dy: Tensor, x: Tensor, topk_ids: Tensor, topk_weights: Tensor, 
     return out
 
 
-def _grad_outputs(dy, dims, t):
-    h, i, i_s, e = dims.hidden, dims.inter, dims.shared_inter, dims.experts
+def _grad_outputs(dy, dims, t, ep=1):
+    h, i, i_s, e = dims.hidden, dims.inter, dims.shared_inter, dims.experts // ep
     bf = dict(dtype=torch.bfloat16)
     return [dy.new_empty((t, h)), dy.new_empty((t, dims.top_k), dtype=torch.float32),
             dy.new_empty((e, i, h), **bf), dy.new_empty((e, i, h), **bf),
@@ -211,24 +274,25 @@ def _grad_outputs(dy, dims, t):
 
 @_backward_op.register_fake
 def _backward_fake(dy, x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down,
-                   saved):
+                   saved, group=0):
     ten = _named(x, topk_ids, topk_weights, (w_gate, w_up, w_down, ws_gate, ws_up, ws_down), dy)
-    t, dims = _check("mok.moe backward", ten, real=False)
-    return _grad_outputs(dy, dims, t)
+    t, dims = _check("mok.moe backward", ten, real=False, ep=_ep(group))
+    return _grad_outputs(dy, dims, t, _ep(group))
 
 
 # ---- autograd -----------------------------------------------------------------------------------
 def _setup_context(ctx, inputs, output):
-    x, ids, tw, wg, wu, wd, wsg, wsu, wsd, _max_tokens = inputs
-    ctx.has_shared = wsg is not None
+    x, ids, tw, wg, wu, wd, wsg, wsu, wsd, _max_tokens, group = inputs
+    ctx.has_shared, ctx.group = wsg is not None, group
     ctx.save_for_backward(x, ids, tw, wg, wu, wd, wsg, wsu, wsd, output[1])
 
 
 def _backward_formula(ctx, dy, _dsaved):
     x, ids, tw, wg, wu, wd, wsg, wsu, wsd, saved = ctx.saved_tensors
-    g = torch.ops.mok.backward(dy.contiguous(), x, ids, tw, wg, wu, wd, wsg, wsu, wsd, saved)
+    g = torch.ops.mok.backward(dy.contiguous(), x, ids, tw, wg, wu, wd, wsg, wsu, wsd, saved,
+                               ctx.group)
     shared = tuple(g[5:]) if ctx.has_shared else (None, None, None)
-    return (g[0], None, g[1], g[2], g[3], g[4], *shared, None)
+    return (g[0], None, g[1], g[2], g[3], g[4], *shared, None, None)
 
 
 torch.library.register_autograd("mok::forward", _backward_formula, setup_context=_setup_context)
@@ -236,14 +300,20 @@ torch.library.register_autograd("mok::forward", _backward_formula, setup_context
 
 # ---- the public API -----------------------------------------------------------------------------
 def moe(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate=None, ws_up=None, ws_down=None,
-        *, max_tokens=None):
+        *, max_tokens=None, group=None):
     """y = shared(x) + sum_j topk_weights[:, j] * expert_{topk_ids[:, j]}(x) (DESIGN.md §1).
 
     x [T, H] bf16; topk_ids [T, k] int32 or int64 (global expert ids); topk_weights [T, k] fp32;
     w_gate, w_up [E, I, H], w_down [E, H, I] bf16; optional shared expert ws_gate, ws_up [I_s, H],
     ws_down [H, I_s] bf16. All contiguous, on one device. Differentiable in x, topk_weights and
     every weight (bf16 weight grads). `max_tokens` sizes the cached workspace up front (e.g.
-    before capturing a CUDA graph; a workspace grows, i.e. allocates, when T exceeds it)."""
+    before capturing a CUDA graph; a workspace grows, i.e. allocates, when T exceeds it).
+
+    Expert parallelism: `group` is a torch.distributed process group (or mok.ep_group(pg)), one
+    process per GPU. Each rank passes its own tokens and its E / ep experts' weights (experts
+    r E/ep .. of rank r; topk_ids stay global); every rank calls at the same time, and the first
+    call on every rank needs the same max_tokens (the workspace is made then, together, and never
+    grows). The shared expert's weight gradients are this rank's partial sums."""
     for name, t in (("x", x), ("topk_ids", topk_ids), ("topk_weights", topk_weights),
                     ("w_gate", w_gate), ("w_up", w_up), ("w_down", w_down), ("ws_gate", ws_gate),
                     ("ws_up", ws_up), ("ws_down", ws_down)):
@@ -252,7 +322,7 @@ def moe(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate=None, ws_up=Non
     if topk_ids.dtype == torch.int64:
         topk_ids = topk_ids.to(torch.int32)
     y, _saved = torch.ops.mok.forward(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate,
-                                      ws_up, ws_down, int(max_tokens or 0))
+                                      ws_up, ws_down, int(max_tokens or 0), _group_of(group))
     return y
 
 
@@ -274,10 +344,12 @@ class MoELayer(torch.nn.Module):
     """One MoE layer owning its bf16 weights: forward(x, topk_ids, topk_weights) -> y.
 
     x may have leading dims ([..., H]); topk_ids and topk_weights then [..., k]. Weights start as
-    N(0, 1/H) for gate/up and N(0, 1/I) (N(0, 1/I_s)) for down, like mok_gen.h."""
+    N(0, 1/H) for gate/up and N(0, 1/I) (N(0, 1/I_s)) for down, like mok_gen.h.
+    With `group` (a torch.distributed process group, see moe) the layer holds this rank's
+    experts / ep experts and needs max_tokens."""
 
     def __init__(self, hidden, inter, experts, top_k, shared_inter=0, *, device=None,
-                 dtype=torch.bfloat16, max_tokens=None):
+                 dtype=torch.bfloat16, max_tokens=None, group=None):
         super().__init__()
         if dtype != torch.bfloat16:
             raise TypeError(f"MoELayer: dtype is {dtype}; mok's weights are torch.bfloat16")
@@ -285,11 +357,18 @@ class MoELayer(torch.nn.Module):
             raise ValueError(f"MoELayer: top_k is {top_k}; expected 1..experts ({experts})")
         self.hidden, self.inter, self.experts, self.top_k = hidden, inter, experts, top_k
         self.shared_inter, self.max_tokens = shared_inter, max_tokens
+        self.group = None
+        if group is not None:
+            self.group = group if isinstance(group, core.EPGroup) else ep_group(group)
+            if experts % self.group.ranks:
+                raise ValueError(f"MoELayer: experts ({experts}) is not a multiple of the EP "
+                                 f"group's {self.group.ranks} ranks")
+        local = experts // (self.group.ranks if self.group else 1)
         kw = dict(device=device, dtype=dtype)
         p = torch.nn.Parameter
-        self.w_gate = p(torch.empty(experts, inter, hidden, **kw))
-        self.w_up = p(torch.empty(experts, inter, hidden, **kw))
-        self.w_down = p(torch.empty(experts, hidden, inter, **kw))
+        self.w_gate = p(torch.empty(local, inter, hidden, **kw))
+        self.w_up = p(torch.empty(local, inter, hidden, **kw))
+        self.w_down = p(torch.empty(local, hidden, inter, **kw))
         if shared_inter:
             self.ws_gate = p(torch.empty(shared_inter, hidden, **kw))
             self.ws_up = p(torch.empty(shared_inter, hidden, **kw))
@@ -310,7 +389,8 @@ class MoELayer(torch.nn.Module):
         lead = x.shape[:-1]
         y = moe(x.reshape(-1, self.hidden), topk_ids.reshape(-1, self.top_k),
                 topk_weights.reshape(-1, self.top_k), self.w_gate, self.w_up, self.w_down,
-                self.ws_gate, self.ws_up, self.ws_down, max_tokens=self.max_tokens)
+                self.ws_gate, self.ws_up, self.ws_down, max_tokens=self.max_tokens,
+                group=self.group)
         return y.reshape(*lead, self.hidden)
 
     def extra_repr(self):

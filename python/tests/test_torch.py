@@ -285,3 +285,19 @@ def test_cuda_expert_id_out_of_range():
         mok.check("cuda")  # reported once, then cleared
     finally:
         mok.set_debug(os.environ.get("MOK_DEBUG", "0") not in ("", "0"))
+
+
+@needs_cuda
+def test_ep_group_of_one_process():
+    """ep_nccl.py's checks (D4 against the ungrouped run, a late rank) on a torch.distributed
+    group of one process: mok's NCCL group, its symmetric window and its device barriers."""
+    import torch.distributed as dist
+    import ep_nccl
+    dist.init_process_group("gloo", init_method="tcp://127.0.0.1:29517", rank=0, world_size=1)
+    try:
+        assert ep_nccl.run(dist.group.WORLD) == []
+        with pytest.raises(ValueError, match="exceeds max_tokens"):  # the workspace cannot grow
+            ep_nccl.step(ep_nccl.global_batch(2, torch.device("cuda")), dist.group.WORLD)
+    finally:
+        mok.clear_cache()
+        dist.destroy_process_group()

@@ -12,6 +12,7 @@
  * Nothing here synchronises or allocates after workspace creation.
  */
 #include <cuda_runtime.h>
+#include <nccl.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -43,6 +44,8 @@ static mok_status cuda_fail(cudaError_t e, const char *what) {
     mok_status st_ = (expr);       \
     if (st_ != MOK_OK) return st_; \
   } while (0)
+
+#define AT(base, off, type) ((type *)((base) + (off)))
 
 /* Makes the context's device current for the length of a call and restores the caller's. */
 typedef struct device_guard {
@@ -88,7 +91,7 @@ static mok_status cuda_context_init(mok_context *ctx) {
   if (ctx->cfg.sms > 0 && ctx->cfg.sms < ctx->sm_count) ctx->sm_count = ctx->cfg.sms;
   ctx->gemm_ctas = (ctx->sm_count < max_ctas ? ctx->sm_count : max_ctas) / GEMM_CLUSTER * GEMM_CLUSTER;
   if (ctx->gemm_ctas < GEMM_CLUSTER) ctx->gemm_ctas = GEMM_CLUSTER;
-  if (ctx->cfg.group) {
+  if (ctx->cfg.group && !ctx->cfg.group->nccl) {
     /* Emulated ranks share this GPU. A persistent GEMM needs all its CTAs resident at once, and
      * a rank waiting at a barrier holds part of an SM until its peers arrive: with every rank's
      * GEMM asking for every SM, a peer's GEMM could wait for its last CTA forever. So each rank's
@@ -110,6 +113,8 @@ typedef struct scratch_layout {
   size_t table;         /* ep_table: every rank's symmetric buffers */
   size_t flags;         /* u64 [2][EP_MAX]: barrier words the ranks write here (ep.cu) */
   size_t epoch;         /* u32: barriers passed */
+  size_t mark;          /* int32: NCCL group, EP_MARK + rank, read by every rank through the
+                         * window when the workspace is made (ep_table_from_window) */
   size_t sym_tokens;    /* int32: published T */
   size_t sym_ids, sym_w;  /* [max_tokens * k] published topk_ids, topk_weights (ep > 1) */
   size_t sym_x, sym_dy;   /* bf16 [max_tokens, H] published x, dy (ep > 1) */
@@ -125,6 +130,7 @@ typedef struct scratch_layout {
 
 typedef struct cuda_ws {
   char *mem;
+  void *win;        /* NCCL group: mem as a symmetric window (ncclWindow_t) */
   scratch_layout L;
   int64_t rows_cap; /* of max_tokens */
 } cuda_ws;
@@ -141,6 +147,7 @@ static scratch_layout scratch_layout_of(const mok_workspace *ws, int64_t rows_ca
   L.table = mok_take(&c, sizeof(ep_table));
   L.flags = mok_take(&c, 2 * EP_MAX * 8);
   L.epoch = mok_take(&c, 16);
+  L.mark = mok_take(&c, 16);
   L.sym_tokens = mok_take(&c, 16);
   L.sym_ids = mok_take(&c, pub * slots * 4);
   L.sym_w = mok_take(&c, pub * slots * 4);
@@ -161,6 +168,11 @@ static scratch_layout scratch_layout_of(const mok_workspace *ws, int64_t rows_ca
 
 static void cuda_workspace_fini(mok_workspace *ws);
 static mok_status table_write(mok_workspace *ws);
+static mok_status window_open(mok_workspace *ws);
+
+static int in_nccl_group(const mok_workspace *ws) {
+  return ws->ctx->cfg.group && ws->ctx->cfg.group->nccl;
+}
 
 static mok_status cuda_workspace_init(mok_workspace *ws) {
   const mok_shape *s = &ws->shape;
@@ -178,20 +190,23 @@ static mok_status cuda_workspace_init(mok_workspace *ws) {
   }
   cw->rows_cap = mok_saved_layout_of(ws, s->max_tokens).rows_cap;
   cw->L = scratch_layout_of(ws, cw->rows_cap);
-  cudaError_t e = cudaMalloc((void **)&cw->mem, cw->L.bytes);
-  if (e == cudaSuccess) e = cudaMemset(cw->mem, 0, cw->L.bytes);
+  /* An NCCL group's workspace becomes a symmetric window: NCCL must allocate it. */
+  cudaError_t e = cudaSuccess;
+  if (in_nccl_group(ws)) st = mok_nccl_mem_alloc((void **)&cw->mem, cw->L.bytes);
+  else e = cudaMalloc((void **)&cw->mem, cw->L.bytes);
+  if (st == MOK_OK && e == cudaSuccess) e = cudaMemset(cw->mem, 0, cw->L.bytes);
   device_leave(ws->ctx, &g);
-  if (e != cudaSuccess) {
+  ws->backend = cw;
+  ws->bytes = cw->L.bytes;
+  if (st != MOK_OK || e != cudaSuccess) {
     size_t bytes = cw->L.bytes;
     cudaGetLastError();
-    cudaFree(cw->mem);
-    free(cw);
+    cuda_workspace_fini(ws);
+    if (st != MOK_OK) return st;
     return mok_fail(e == cudaErrorMemoryAllocation ? MOK_ERR_OUT_OF_MEMORY : MOK_ERR_CUDA,
                     "CUDA workspace of %zu bytes: %s", bytes, cudaGetErrorString(e));
   }
-  ws->backend = cw;
-  ws->bytes = cw->L.bytes;
-  st = table_write(ws);
+  st = in_nccl_group(ws) ? window_open(ws) : table_write(ws);
   if (st != MOK_OK) {
     cuda_workspace_fini(ws);
     return st;
@@ -204,7 +219,12 @@ static void cuda_workspace_fini(mok_workspace *ws) {
   if (!cw) return;
   device_guard g;
   if (device_enter(ws->ctx, &g) == MOK_OK) {
-    cudaFree(cw->mem);
+    if (in_nccl_group(ws)) {
+      mok_nccl_window_deregister(ws->ctx->cfg.group, cw->win); /* collective */
+      mok_nccl_mem_free(cw->mem);
+    } else {
+      cudaFree(cw->mem);
+    }
     device_leave(ws->ctx, &g);
   }
   free(cw);
@@ -212,18 +232,17 @@ static void cuda_workspace_fini(mok_workspace *ws) {
 }
 
 /* ---- the EP table ------------------------------------------------------------------------------ */
+static ep_offsets offsets_of(const scratch_layout *L) {
+  ep_offsets o = {L->sym_x, L->sym_dy,  L->sym_ids,  L->sym_w,
+                  L->sym_tokens, L->slots, L->dtw_part, L->flags};
+  return o;
+}
+
 /* Rank r's entries, from its workspace. */
 static void table_entry(ep_table *t, int r, const mok_workspace *ws) {
   const cuda_ws *cw = (const cuda_ws *)ws->backend;
-  const scratch_layout *L = &cw->L;
-  t->x[r] = (const __nv_bfloat16 *)(cw->mem + L->sym_x);
-  t->dy[r] = (const __nv_bfloat16 *)(cw->mem + L->sym_dy);
-  t->ids[r] = (const int32_t *)(cw->mem + L->sym_ids);
-  t->w[r] = (const float *)(cw->mem + L->sym_w);
-  t->tokens[r] = (const int32_t *)(cw->mem + L->sym_tokens);
-  t->slots[r] = cw->mem + L->slots;
-  t->dtw[r] = (float *)(cw->mem + L->dtw_part);
-  t->flags[r] = (unsigned long long *)(cw->mem + L->flags);
+  const ep_offsets o = offsets_of(&cw->L);
+  ep_table_set(t, r, cw->mem, &o);
 }
 
 /* Writes `ws`'s table: every rank of a complete group, else only its own entry. Called at
@@ -246,12 +265,85 @@ static mok_status table_write(mok_workspace *ws) {
   return e == cudaSuccess ? MOK_OK : cuda_fail(e, "EP table");
 }
 
-/* The group has every rank's workspace now: each rank's table gets all of them. */
+/* The group has every rank's workspace now: each rank's table gets all of them. (An NCCL
+ * group's table was read from its window when the workspace was made.) */
 static mok_status cuda_group_ready(mok_workspace *ws) {
+  if (in_nccl_group(ws)) return MOK_OK;
   mok_workspace *members[EP_MAX] = {0};
   if (!mok_group_members(ws->ctx->cfg.group, members)) return MOK_OK;
   for (int r = 0; r < ws->ctx->cfg.ep_size; r++) TRY(table_write(members[r]));
   return MOK_OK;
+}
+
+/* An NCCL group's workspace (collective, one process per rank): every rank checks that all have
+ * its shape, registers its memory as a symmetric window, and reads every rank's buffers into its
+ * table through the window. The shape check gathers through the (still unused) table. */
+static mok_status window_setup(mok_workspace *ws, cudaStream_t stream) {
+  cuda_ws *cw = (cuda_ws *)ws->backend;
+  mok_ep_group *grp = ws->ctx->cfg.group;
+  const int rank = ws->ctx->cfg.ep_rank, R = ws->ctx->cfg.ep_size;
+  const mok_shape *s = &ws->shape;
+  enum { N = 8 };
+  const int64_t mine[N] = {s->max_tokens, s->hidden,   s->inter,           s->shared_inter,
+                           s->experts,    s->top_k,    (int64_t)s->precision, s->routed_rows};
+  int64_t all[EP_MAX][N];
+  static_assert(sizeof all <= sizeof(ep_table), "the shape gather uses the table's room");
+  char *room = cw->mem + cw->L.table;
+  CUDA_TRY(cudaMemcpyAsync(room + rank * sizeof mine, mine, sizeof mine, cudaMemcpyHostToDevice,
+                           stream), "shape check");
+  TRY(mok_nccl_all_gather(grp, room + rank * sizeof mine, room, sizeof mine, stream));
+  CUDA_TRY(cudaMemcpyAsync(all, room, R * sizeof mine, cudaMemcpyDeviceToHost, stream),
+           "shape check");
+  CUDA_TRY(cudaMemsetAsync(room, 0, R * sizeof mine, stream), "shape check");
+  CUDA_TRY(cudaStreamSynchronize(stream), "shape check");
+  for (int r = 0; r < R; r++)
+    if (memcmp(all[r], mine, sizeof mine))
+      return mok_fail(MOK_ERR_INVALID_ARG,
+                      "rank %d's workspace has another shape than rank %d's: (T, H, I, I_s, E, k) "
+                      "= (%lld, %lld, %lld, %lld, %lld, %lld) against (%lld, %lld, %lld, %lld, "
+                      "%lld, %lld), or another precision or routed_rows; every rank of an NCCL "
+                      "group makes its workspace with the same shape", r, rank,
+                      (long long)all[r][0], (long long)all[r][1], (long long)all[r][2],
+                      (long long)all[r][3], (long long)all[r][4], (long long)all[r][5],
+                      (long long)mine[0], (long long)mine[1], (long long)mine[2],
+                      (long long)mine[3], (long long)mine[4], (long long)mine[5]);
+  /* This rank's mark, which every rank reads back through the window. */
+  const size_t mark_at = cw->L.mark;
+  const int32_t mark = EP_MARK + rank;
+  int32_t *bad = AT(cw->mem, cw->L.sticky, int32_t), seen = 0;
+  CUDA_TRY(cudaMemcpyAsync(cw->mem + mark_at, &mark, sizeof mark, cudaMemcpyHostToDevice, stream),
+           "EP mark");
+  CUDA_TRY(cudaStreamSynchronize(stream), "EP mark");
+  TRY(mok_nccl_window_register(grp, cw->mem, cw->L.bytes, &cw->win));
+  const ep_offsets o = offsets_of(&cw->L);
+  CUDA_TRY(ep_table_from_window_launch(cw->win, &o, R, mark_at,
+                                       AT(cw->mem, cw->L.table, ep_table), bad, stream),
+           "EP table from the NCCL window");
+  CUDA_TRY(cudaMemcpyAsync(&seen, bad, sizeof seen, cudaMemcpyDeviceToHost, stream), "EP table");
+  CUDA_TRY(cudaMemsetAsync(bad, 0, sizeof seen, stream), "EP table");
+  CUDA_TRY(cudaStreamSynchronize(stream), "EP table");
+  if (seen)
+    return mok_fail(MOK_ERR_UNSUPPORTED, "the NCCL window does not show every rank's workspace "
+                                         "where NCCL's device API says (NCCL %d loaded, mok built "
+                                         "with the headers of %d.%d.%d)",
+                    mok_nccl_version(), NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH);
+  return MOK_OK;
+}
+
+static mok_status window_open(mok_workspace *ws) {
+  device_guard g;
+  TRY(device_enter(ws->ctx, &g));
+  cudaStream_t stream;
+  mok_status st = MOK_OK;
+  cudaError_t e = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+  if (e == cudaSuccess) {
+    st = window_setup(ws, stream);
+    cudaStreamDestroy(stream);
+  } else {
+    st = cuda_fail(e, "a stream for the NCCL window");
+  }
+  device_leave(ws->ctx, &g);
+  return st;
 }
 
 /* ---- per-call views --------------------------------------------------------------------------- */
@@ -266,8 +358,6 @@ typedef struct call {
   int rank, ranks, slots_cap; /* EP: this rank, the group's size (1 without a group) */
   int32_t *status;            /* the error word the kernels of this call check */
 } call;
-
-#define AT(base, off, type) ((type *)((base) + (off)))
 
 static call call_of(mok_workspace *ws, int64_t tokens, const void *saved, void *stream) {
   cuda_ws *cw = (cuda_ws *)ws->backend;

@@ -7,7 +7,11 @@
  * Stores are .release and loads .acquire at .sys scope: what a rank wrote before the barrier
  * (published inputs, pushed slot rows) is visible to every rank after it, within one GPU or
  * across GPUs. The epoch counts on the device, so a captured CUDA graph replays correctly.
+ * The table of every rank's buffers is written by the host for emulated ranks (backend.cu) and
+ * read here from the NCCL window for a group of processes.
  */
+#include <nccl_device.h>
+
 #include "cuda/kernels.h"
 #include "cuda/ptx.cuh"
 #include "internal.h"
@@ -62,8 +66,25 @@ cudaError_t ep_barrier_launch(const ep_table *tb, int rank, int ranks, int when,
   return cudaGetLastError();
 }
 
+__global__ void ep_table_from_window(ncclWindow_t win, ep_offsets o, int ranks, size_t mark_at,
+                                     ep_table *out, int32_t *bad) {
+  for (int r = threadIdx.x; r < ranks; r += blockDim.x) {
+    char *base = (char *)ncclGetPeerPointer(win, 0, r);
+    ep_table_set(out, r, base, &o);
+    if (*(volatile const int32_t *)(base + mark_at) != EP_MARK + r) *bad = 1;
+  }
+}
+
+cudaError_t ep_table_from_window_launch(void *win, const ep_offsets *o, int ranks, size_t mark_at,
+                                        ep_table *out, int32_t *bad, cudaStream_t stream) {
+  ep_table_from_window<<<1, EP_MAX, 0, stream>>>((ncclWindow_t)win, *o, ranks, mark_at, out, bad);
+  return cudaGetLastError();
+}
+
 /* Loads the kernels of this file now (see kernels_preload in kernels.h). */
 cudaError_t ep_preload(void) {
   cudaFuncAttributes a;
-  return cudaFuncGetAttributes(&a, (const void *)ep_barrier);
+  cudaError_t e = cudaFuncGetAttributes(&a, (const void *)ep_barrier);
+  if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, (const void *)ep_table_from_window);
+  return e;
 }

@@ -26,6 +26,33 @@ typedef struct ep_table {
   unsigned long long *flags[EP_MAX];           /* [2][EP_MAX] barrier words (ep.cu) */
 } ep_table;
 
+/* Where each of a workspace's buffers in the table sits, in bytes from the workspace's start. */
+typedef struct ep_offsets {
+  size_t x, dy, ids, w, tokens, slots, dtw, flags;
+} ep_offsets;
+
+/* Rank r's entries: its workspace starts at `base`. */
+static inline __host__ __device__ void ep_table_set(ep_table *t, int r, char *base,
+                                                    const ep_offsets *o) {
+  t->x[r] = (const __nv_bfloat16 *)(base + o->x);
+  t->dy[r] = (const __nv_bfloat16 *)(base + o->dy);
+  t->ids[r] = (const int32_t *)(base + o->ids);
+  t->w[r] = (const float *)(base + o->w);
+  t->tokens[r] = (const int32_t *)(base + o->tokens);
+  t->slots[r] = base + o->slots;
+  t->dtw[r] = (float *)(base + o->dtw);
+  t->flags[r] = (unsigned long long *)(base + o->flags);
+}
+
+/* An NCCL group: fills `out` with every rank's buffers, their workspaces being the symmetric
+ * window `win` (an ncclWindow_t), read once through NCCL's device API. Each rank r has written
+ * EP_MARK + r at `mark_at` in its workspace before the window was made; *bad is set unless every
+ * rank's mark reads back through the window (NCCL did not map the workspaces, or its device
+ * structs differ from the headers mok was built with). */
+#define EP_MARK 0x6d6f6b00
+cudaError_t ep_table_from_window_launch(void *win, const ep_offsets *o, int ranks, size_t mark_at,
+                                        ep_table *out, int32_t *bad, cudaStream_t stream);
+
 /* The group barrier of one rank (one thread): publishes (epoch, this rank's error bits) into
  * every rank's flags, waits until every rank has published the same epoch, and ORs all their
  * bits into status[0] and sticky; a rank missing after timeout_ns sets MOK_DEVERR_TIMEOUT.

@@ -1,2 +1,2 @@
 /* The test files of the GPU test binary (build/test_gpu), run on the device by make gpu-check. */
-#define TEST_TABLES(X) X(tests_gpu_layer) X(tests_gpu_ep)
+#define TEST_TABLES(X) X(tests_gpu_layer) X(tests_gpu_ep) X(tests_gpu_nccl)
