@@ -7,6 +7,7 @@
  *   Failures: a rank that never calls (timeout), a bad id on one rank, one rank over its
  *     capacity, and a call refused on the host on one rank each fail every rank with outputs
  *     untouched.
+ *   Graphs: every rank's forward and backward captured and replayed together, twice.
  * Every rank's arguments are slices of one gpu_layer: its tokens' rows of x, dy, y, dx,
  * d_topk_weights and its experts' weights and gradients; the shared expert's gradients are each
  * rank's own partial sums and get buffers of their own.
@@ -27,6 +28,7 @@ typedef struct grank {
   void *shared_g[3];       /* this rank's shared-expert gradients */
   int absent;              /* never calls */
   mok_status fwd, bwd, chk;
+  cudaGraphExec_t graph;   /* forward + backward captured on this rank's stream */
 } grank;
 
 typedef struct gsetup {
@@ -97,6 +99,7 @@ static void gsetup_fini(gsetup *s) {
     cudaFree(u->f.saved);
     for (int i = 0; i < 3; i++) cudaFree(u->shared_g[i]);
     if (u->stream) cudaStreamDestroy(u->stream);
+    if (u->graph) cudaGraphExecDestroy(u->graph);
     mok_workspace_destroy(u->ws);
     mok_context_destroy(u->ctx);
   }
@@ -112,13 +115,39 @@ static void *step_main(void *p) {
   return NULL;
 }
 
-static void run_ranks(gsetup *s) {
+/* A rank's thread: captures forward and backward into u->graph (its thread's capture only, as
+ * separate processes would), or replays it and checks. */
+static void *capture_main(void *p) {
+  grank *u = p;
+  cudaGraph_t g = NULL;
+  u->fwd = u->bwd = MOK_ERR_INTERNAL;
+  if (cudaStreamBeginCapture(u->stream, cudaStreamCaptureModeThreadLocal) != cudaSuccess)
+    return NULL;
+  u->fwd = mok_forward(u->ws, &u->f, u->stream);
+  u->bwd = mok_backward(u->ws, &u->b, u->stream);
+  if (cudaStreamEndCapture(u->stream, &g) != cudaSuccess ||
+      cudaGraphInstantiate(&u->graph, g, 0) != cudaSuccess)
+    u->fwd = MOK_ERR_CUDA;
+  if (g) cudaGraphDestroy(g);
+  return NULL;
+}
+
+static void *replay_main(void *p) {
+  grank *u = p;
+  u->chk = cudaGraphLaunch(u->graph, u->stream) == cudaSuccess ? mok_check(u->ws, u->stream)
+                                                                : MOK_ERR_CUDA;
+  return NULL;
+}
+
+static void run_ranks_with(gsetup *s, void *(*fn)(void *)) {
   pthread_t th[8];
   for (int r = 0; r < s->ep; r++)
-    if (!s->r[r].absent) pthread_create(&th[r], NULL, step_main, &s->r[r]);
+    if (!s->r[r].absent) pthread_create(&th[r], NULL, fn, &s->r[r]);
   for (int r = 0; r < s->ep; r++)
     if (!s->r[r].absent) pthread_join(th[r], NULL);
 }
+
+static void run_ranks(gsetup *s) { run_ranks_with(s, step_main); }
 
 /* y, dx, d_topk_weights and the routed weight gradients of a and b, bit for bit. */
 static void same_outputs(const char *tag, const harness *a, const harness *b) {
@@ -257,7 +286,45 @@ static void failures_untouched(void) {
   harness_fini(&poison);
 }
 
+/* Each rank captures forward and backward in a CUDA graph (the device barriers and the epoch
+ * counter inside); the graphs, replayed together twice, give the bits of ep 1 each time. */
+static void graph_replay(void) {
+  harness h, one, got;
+  if (!harness_init(&h, &ep_shape, 256, 23, 0) || !harness_init(&one, &ep_shape, 256, 23, 0) ||
+      !harness_init(&got, &ep_shape, 256, 23, 0))
+    return;
+  gpu_layer d;
+  if (gpu_init(&d, &h, 256, 0)) {
+    CHECK_OK(gpu_run(&d, MOK_GRAD_WRITE_BF16, 0));
+    CHECK_OK(mok_check(d.ws, 0));
+    gpu_fetch(&d, &one);
+    gsetup s;
+    if (gsetup_init(&s, &d, 4, 0, 0)) {
+      run_ranks_with(&s, capture_main);
+      for (int r = 0; r < 4; r++)
+        CHECK(s.r[r].fwd == MOK_OK && s.r[r].bwd == MOK_OK && s.r[r].graph,
+              "rank %d's capture: forward %s, backward %s", r, mok_status_name(s.r[r].fwd),
+              mok_status_name(s.r[r].bwd));
+      for (int i = 0; i < 2 && s.r[3].graph; i++) {
+        gpu_poison(&d, 0xff);
+        run_ranks_with(&s, replay_main);
+        for (int r = 0; r < 4; r++)
+          CHECK(s.r[r].chk == MOK_OK, "replay %d, rank %d: %s", i, r,
+                mok_status_name(s.r[r].chk));
+        gpu_fetch(&d, &got);
+        same_outputs(i ? "ep 4, second replay" : "ep 4, first replay", &got, &one);
+      }
+    }
+    gsetup_fini(&s);
+  }
+  gpu_fini(&d);
+  harness_fini(&h);
+  harness_fini(&one);
+  harness_fini(&got);
+}
+
 const test_case tests_gpu_ep[] = {
+    {"gpu/ep_graph_capture_replay", graph_replay},
     {"gpu/ep_D4_and_vs_cpu", d4_and_reference},
     {"gpu/ep_failures_untouched", failures_untouched},
     {NULL, NULL},
