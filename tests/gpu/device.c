@@ -150,6 +150,23 @@ int same_bits(const char *what, const void *a, const void *b, size_t bytes) {
   return 1;
 }
 
+void same_layer_bits(const char *tag, const harness *a, const harness *b, int grads) {
+  const int64_t T = a->T, H = a->L.shape.hidden, k = a->L.shape.top_k;
+  static const char *names[G_COUNT] = {"dw_gate", "dw_up", "dw_down",
+                                       "dws_gate", "dws_up", "dws_down"};
+  char what[128];
+  snprintf(what, sizeof what, "%s: y", tag);
+  same_bits(what, a->y, b->y, (size_t)(T * H) * 2);
+  snprintf(what, sizeof what, "%s: dx", tag);
+  same_bits(what, a->dx, b->dx, (size_t)(T * H) * 2);
+  snprintf(what, sizeof what, "%s: d_topk_weights", tag);
+  same_bits(what, a->dtw, b->dtw, (size_t)(T * k) * 4);
+  for (int i = 0; i < grads; i++) {
+    snprintf(what, sizeof what, "%s: %s", tag, names[i]);
+    same_bits(what, a->g[i], b->g[i], (size_t)a->g_len[i] * 2);
+  }
+}
+
 double rel_err_bf16(const uint16_t *out, const uint16_t *ref, size_t n) {
   rel_err r = {0, 0};
   for (size_t i = 0; i < n; i++) rel_err_add(&r, bf16_to_f32(out[i]), bf16_to_f32(ref[i]));

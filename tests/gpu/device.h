@@ -40,6 +40,9 @@ void gpu_fetch(const gpu_layer *d, harness *h);
 
 /* Bitwise comparison of two host buffers; records a failure naming the first differing byte. */
 int same_bits(const char *what, const void *a, const void *b, size_t bytes);
+/* y, dx, d_topk_weights and the first `grads` bf16 weight gradients (G_COUNT: all) of two
+ * harnesses, bit for bit; each difference recorded under `tag`. */
+void same_layer_bits(const char *tag, const harness *a, const harness *b, int grads);
 /* Relative error of a bf16 / fp32 tensor against a reference of the same type. */
 double rel_err_bf16(const uint16_t *out, const uint16_t *ref, size_t n);
 double rel_err_f32(const float *out, const float *ref, size_t n);

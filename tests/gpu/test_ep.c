@@ -149,23 +149,6 @@ static void run_ranks_with(gsetup *s, void *(*fn)(void *)) {
 
 static void run_ranks(gsetup *s) { run_ranks_with(s, step_main); }
 
-/* y, dx, d_topk_weights and the routed weight gradients of a and b, bit for bit. */
-static void same_outputs(const char *tag, const harness *a, const harness *b) {
-  const int64_t T = a->T, H = a->L.shape.hidden, k = a->L.shape.top_k;
-  char what[96];
-  snprintf(what, sizeof what, "%s: y", tag);
-  same_bits(what, a->y, b->y, (size_t)(T * H) * 2);
-  snprintf(what, sizeof what, "%s: dx", tag);
-  same_bits(what, a->dx, b->dx, (size_t)(T * H) * 2);
-  snprintf(what, sizeof what, "%s: d_topk_weights", tag);
-  same_bits(what, a->dtw, b->dtw, (size_t)(T * k) * 4);
-  const char *names[3] = {"dw_gate", "dw_up", "dw_down"};
-  for (int i = 0; i < 3; i++) {
-    snprintf(what, sizeof what, "%s: %s", tag, names[i]);
-    same_bits(what, a->g[i], b->g[i], (size_t)a->g_len[i] * 2);
-  }
-}
-
 /* 256 tokens, H 128, I 128, I_s 64, 16 experts, top-4. */
 static const mok_shape ep_shape = {256, 128, 128, 64, 16, 4, MOK_BF16, 0};
 
@@ -198,7 +181,7 @@ static void d4_and_reference(void) {
         gpu_fetch(&d, &got);
         char tag[32];
         snprintf(tag, sizeof tag, "ep %d against ep 1", eps[i]);
-        same_outputs(tag, &got, &one);
+        same_layer_bits(tag, &got, &one, 3);
       }
       gsetup_fini(&s);
     }
@@ -230,7 +213,7 @@ static void all_fail_untouched(gsetup *s, gpu_layer *d, harness *got, const harn
   gpu_fetch(d, got);
   char tag[96];
   snprintf(tag, sizeof tag, "%s: outputs untouched", what);
-  same_outputs(tag, got, poison);
+  same_layer_bits(tag, got, poison, 3);
 }
 
 static void failures_untouched(void) {
@@ -312,7 +295,7 @@ static void graph_replay(void) {
           CHECK(s.r[r].chk == MOK_OK, "replay %d, rank %d: %s", i, r,
                 mok_status_name(s.r[r].chk));
         gpu_fetch(&d, &got);
-        same_outputs(i ? "ep 4, second replay" : "ep 4, first replay", &got, &one);
+        same_layer_bits(i ? "ep 4, second replay" : "ep 4, first replay", &got, &one, 3);
       }
     }
     gsetup_fini(&s);

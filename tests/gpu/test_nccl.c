@@ -44,22 +44,6 @@ static int step_in_group(mok_ep_group *group, gpu_layer *d, harness *got, const 
   return ws && check_failures == failures;
 }
 
-/* y, dx, d_topk_weights and every weight gradient, bit for bit. */
-static void same_all(const char *tag, const harness *a, const harness *b) {
-  const int64_t T = a->T, H = a->L.shape.hidden, k = a->L.shape.top_k;
-  char what[96];
-  snprintf(what, sizeof what, "%s: y", tag);
-  same_bits(what, a->y, b->y, (size_t)(T * H) * 2);
-  snprintf(what, sizeof what, "%s: dx", tag);
-  same_bits(what, a->dx, b->dx, (size_t)(T * H) * 2);
-  snprintf(what, sizeof what, "%s: d_topk_weights", tag);
-  same_bits(what, a->dtw, b->dtw, (size_t)(T * k) * 4);
-  for (int i = 0; i < G_COUNT; i++) {
-    snprintf(what, sizeof what, "%s: gradient %d", tag, i);
-    same_bits(what, a->g[i], b->g[i], (size_t)a->g_len[i] * 2);
-  }
-}
-
 /* The caller's communicator: the test loads NCCL itself, as an application linking it would. */
 typedef ncclResult_t (*get_id_fn)(ncclUniqueId *);
 typedef ncclResult_t (*init_fn)(ncclComm_t *, int, ncclUniqueId, int);
@@ -85,7 +69,7 @@ static void one_rank_same_bits(void) {
     CHECK_OK(mok_ep_group_create_nccl_id(id, 0, 1, 0, 2000, &g));
     if (g) {
       if (step_in_group(g, &d, &got, "NCCL group from an id"))
-        same_all("NCCL group from an id against no group", &got, &one);
+        same_layer_bits("NCCL group from an id against no group", &got, &one, G_COUNT);
       /* What a context of an NCCL group refuses. */
       mok_context_config cfg = MOK_CONTEXT_CONFIG_INIT;
       cfg.group = g;
@@ -118,7 +102,7 @@ static void one_rank_same_bits(void) {
       if (comm) CHECK_OK(mok_ep_group_create_nccl(comm, 0, &g));
       if (g) {
         if (step_in_group(g, &d, &got, "the caller's NCCL communicator"))
-          same_all("the caller's NCCL communicator against no group", &got, &one);
+          same_layer_bits("the caller's NCCL communicator against no group", &got, &one, G_COUNT);
       }
       mok_ep_group_destroy(g);
       if (comm) destroy(comm);
