@@ -170,7 +170,8 @@ def _ep(group):
     return _groups[group].ranks if group else 1
 
 
-def _group_workspace_args(group, dev, where):
+def _rank_group(group, dev, where):
+    """The core.EPGroup of handle `group` (None for 0), checked against the tensors' device."""
     g = _groups.get(group)
     if g is not None and (dev.type != "cuda" or dev.index != g.device):
         raise ValueError(f"{where}: x is on {dev}; this EP group's rank runs on cuda:{g.device}")
@@ -187,7 +188,7 @@ def _forward_op(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, w_gate: Tenso
     ten = _named(x, topk_ids, topk_weights, (w_gate, w_up, w_down, ws_gate, ws_up, ws_down))
     t, dims = _check(where, ten, real=True, ep=_ep(group))
     dev = x.device
-    g = _group_workspace_args(group, dev, where)
+    g = _rank_group(group, dev, where)
     y = torch.empty((t, dims.hidden), dtype=torch.bfloat16, device=dev)
     if t == 0 and g is None:
         return y, torch.empty(0, dtype=torch.uint8, device=dev)
@@ -241,7 +242,7 @@ def _backward_op(dy: Tensor, x: Tensor, topk_ids: Tensor, topk_weights: Tensor, 
     t, dims = _check(where, ten, real=True, ep=_ep(group))
     out = _grad_outputs(dy, dims, t, _ep(group))
     dev = x.device
-    g = _group_workspace_args(group, dev, where)
+    g = _rank_group(group, dev, where)
     if t == 0:
         for g in out[2:]:
             g.zero_()
