@@ -4,7 +4,11 @@
 
 CC      ?= gcc
 NVCC    ?= nvcc
-CUDA    ?= $(patsubst %/bin/nvcc,%,$(shell command -v $(NVCC)))
+# The toolkit nvcc itself uses (its TOP), so that a wrapper script such as /usr/local/bin/nvcc
+# does not make us look for the toolkit's headers and libraries under /usr/local.
+ifndef CUDA
+CUDA    := $(realpath $(shell $(NVCC) --dryrun -c -x cu /dev/null 2>&1 | sed -n 's/^#\$$ TOP=//p'))
+endif
 PYTHON  ?= python3
 
 # NCCL's headers (2.28 or later: nccl_device.h); the library itself is loaded at run time, so
