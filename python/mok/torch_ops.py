@@ -244,8 +244,8 @@ def _backward_op(dy: Tensor, x: Tensor, topk_ids: Tensor, topk_weights: Tensor, 
     dev = x.device
     g = _rank_group(group, dev, where)
     if t == 0:
-        for g in out[2:]:
-            g.zero_()
+        for grad in out[2:]:
+            grad.zero_()
         return out
     backend, index = _where(dev)
     with _Device(dev):
