@@ -114,10 +114,12 @@ MOK_DEV void epi_swiglu_fwd(const gemm_args *g, const gemm_tile *tl, int cw, flo
  * order (fixed).
  * The thread's 128 elements come in 8 groups (its two rows x four 64-column chunks). Loads and
  * stores are 16 bytes per thread, moved to and from the accumulator layout by quad_transpose
- * (its own inverse). Group c is computed into registers, then the loads of group c + 1 are
+ * (its own inverse). Group c is computed into registers, then the loads of group c + 2 are
  * issued, then group c is stored: a load after a store may alias it, so with loads and stores
  * interleaved every pair waited out a full memory latency in turn, and this epilogue cost more
- * than the k-loop (ncu, perf-log 2026-12-02 86bffbf: 311 TF/s on mixtral, 213 on gpt-oss). */
+ * than the k-loop (ncu, perf-log 2026-12-02 86bffbf: 311 TF/s on mixtral, 213 on gpt-oss). Two
+ * groups in flight, not one: ĝ, û come from HBM, and with one the epilogue still waited out
+ * eight latencies per tile (a fifth of mixtral's down dgrad, perf-log 2026-12-02 394766a). */
 typedef struct gu_group {
   uint32_t g[8], u[8]; /* as loaded: words 4b.. hold columns 32b + 8t .. + 7 of the chunk */
 } gu_group;
@@ -147,8 +149,9 @@ MOK_DEV float2 bf16x2_to_float2(uint32_t w) {
 MOK_DEV void epi_swiglu_bwd(const gemm_args *g, const gemm_tile *tl, int cw, float *d) {
   const acc_pos p = acc_position();
   const int I = g->n;
-  gu_group v;
-  gu_group_load(g, tl, p, cw, 0, &v);
+  gu_group v[2];
+  gu_group_load(g, tl, p, cw, 0, &v[0]);
+  gu_group_load(g, tl, p, cw, 1, &v[1]);
   float w[2];   /* per row: router weight, and the slot of its router-gradient partials */
   int slot[2];
 #pragma unroll
@@ -163,17 +166,18 @@ MOK_DEV void epi_swiglu_bwd(const gemm_args *g, const gemm_tile *tl, int cw, flo
     const int h = c / 4, q = c % 4;
     const int r = tl->m0 + cw * 64 + p.row + 8 * h;
     const bool valid = r < g->rows_valid;
+    gu_group *vc = &v[c % 2];
 #pragma unroll
     for (int b = 0; b < 2; b++) {
-      quad_transpose(v.g + 4 * b);
-      quad_transpose(v.u + 4 * b);
+      quad_transpose(vc->g + 4 * b);
+      quad_transpose(vc->u + 4 * b);
     }
     uint32_t dg[8], du[8];
     float part = 0.0f;
 #pragma unroll
     for (int jj = 0; jj < 8; jj++) {
       const int j = 8 * q + jj;
-      const float2 gf = bf16x2_to_float2(v.g[jj]), uf = bf16x2_to_float2(v.u[jj]);
+      const float2 gf = bf16x2_to_float2(vc->g[jj]), uf = bf16x2_to_float2(vc->u[jj]);
       float dh0 = d[4 * j + 2 * h], dh1 = d[4 * j + 2 * h + 1];
       float s0 = sigmoid_f(gf.x), s1 = sigmoid_f(gf.y);
       part = part + dh0 * silu_f(gf.x) * uf.x; /* zero where the load was skipped */
@@ -183,7 +187,7 @@ MOK_DEV void epi_swiglu_bwd(const gemm_args *g, const gemm_tile *tl, int cw, flo
                            d1 * uf.y * s1 * (1.0f + gf.y * (1.0f - s1)));
       du[jj] = pack_bf16x2(d0 * gf.x * s0, d1 * gf.y * s1);
     }
-    if (c + 1 < 8) gu_group_load(g, tl, p, cw, c + 1, &v);
+    if (c + 2 < 8) gu_group_load(g, tl, p, cw, c + 2, vc);
     char *dgu = valid ? (char *)g->out0 + (size_t)r * 2 * I * 2 : NULL;
 #pragma unroll
     for (int b = 0; b < 2; b++) {
