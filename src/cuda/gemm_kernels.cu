@@ -118,8 +118,8 @@ MOK_DEV void epi_swiglu_fwd(const gemm_args *g, const gemm_tile *tl, int cw, flo
  * issued, then group c is stored: a load after a store may alias it, so with loads and stores
  * interleaved every pair waited out a full memory latency in turn, and this epilogue cost more
  * than the k-loop (ncu, perf-log 2026-12-02 86bffbf: 311 TF/s on mixtral, 213 on gpt-oss). Two
- * groups in flight, not one: ĝ, û come from HBM, and with one the epilogue still waited out
- * eight latencies per tile (a fifth of mixtral's down dgrad, perf-log 2026-12-02 394766a). */
+ * groups in flight, not one: with one, each of the 8 groups waited out a load in turn, and the
+ * epilogue was a fifth of mixtral's down dgrad (perf-log 2026-12-02 394766a; two: 2026-12-03). */
 typedef struct gu_group {
   uint32_t g[8], u[8]; /* as loaded: words 4b.. hold columns 32b + 8t .. + 7 of the chunk */
 } gu_group;
