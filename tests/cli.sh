@@ -78,6 +78,15 @@ assert j['shape'] == 'fine-7b' and j['repeat'] == 2 and j['identical_bits'] is T
 assert len(j['forward_ms_all']) == 2 and j['forward_ms'] > 0 and j['backward_tflops'] > 0, j
 print('ok')"
 
+# tools/ab.sh, the A/B driver for the device, on the CPU backend: a row per run, a missing build
+# is a row that says so, not a stop.
+ab=(env OUT="$tmp" SHAPES=fine-7b REPS=1 ARGS="--backend cpu --scale 1/64 --warmup 0 --repeat 1")
+check cli/ab_bench 0 '\| 1 \| fine-7b \| here \| [0-9.]+ \| [0-9.]+ \| same \|' -- \
+  "${ab[@]}" tools/ab.sh bench
+check cli/ab_missing_build 0 '\| 1 \| fine-7b \| nope \| failed' -- \
+  "${ab[@]}" BUILDS=nope tools/ab.sh bench
+check cli/ab_usage 2 'tools/ab.sh build NAME REV' -- tools/ab.sh
+
 if $mok info | grep -q 'CUDA devices visible: 0'; then
   check cli/cuda_without_gpu 1 'MOK_ERR_UNSUPPORTED.*--backend cpu' -- $mok run --scale 1/64
   check cli/run_ep_cuda_without_gpu 1 'MOK_ERR_UNSUPPORTED.*no CUDA device' -- \

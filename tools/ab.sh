@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# ab.sh: compare builds of mok on the device with `mok bench`, interleaved, so that the GPU's
+# drift (it is power-bound, DESIGN.md §7) falls on every build alike.
+#
+#   tools/ab.sh build NAME REV   here: builds build/mok of git revision REV in a scratch worktree
+#                                and keeps it as exp/NAME/mok (exp/ is ignored: carry it)
+#   tools/ab.sh bench            on the device: for each of $REPS rounds, each shape of $SHAPES,
+#                                each build of $BUILDS (NAME, or "here" for ./build/mok), one
+#                                `mok bench $ARGS`; logs under $OUT (or results/), a table last
+#
+# Defaults: BUILDS="here", SHAPES="mixtral-8x7b", REPS=2, ARGS="--warmup 3 --repeat 20".
+set -euo pipefail
+cmd=${1:-}
+case "$cmd" in
+build)
+  [ $# -eq 3 ] || { echo "usage: tools/ab.sh build NAME REV" >&2; exit 2; }
+  name=$2 rev=$3 top=$(git rev-parse --show-toplevel)
+  tree=$(mktemp -d /tmp/mok-ab-XXXXXX)
+  git -C "$top" worktree add -f --detach "$tree" "$rev" > /dev/null
+  trap 'git -C "$top" worktree remove -f "$tree"' EXIT
+  make -C "$tree" -j"$(nproc)" build/mok > "$tree.log" 2>&1 || { tail -20 "$tree.log"; exit 1; }
+  mkdir -p "$top/exp/$name"
+  cp "$tree/build/mok" "$top/exp/$name/mok"
+  echo "exp/$name/mok: $(git -C "$top" rev-parse --short "$rev")"
+  ;;
+bench)
+  out=${OUT:-results}/ab
+  mkdir -p "$out"
+  read -r -a args <<< "${ARGS:---warmup 3 --repeat 20}"
+  table="$out/table.md"
+  echo "| round | shape | build | fwd ms | bwd ms | bits |" > "$table"
+  echo "|---|---|---|---:|---:|---|" >> "$table"
+  for r in $(seq "${REPS:-2}"); do
+    for shape in ${SHAPES:-mixtral-8x7b}; do
+      for b in ${BUILDS:-here}; do
+        bin=./build/mok
+        [ "$b" = here ] || bin=exp/$b/mok
+        log="$out/$b-$shape-$r.log"
+        if ! "$bin" bench --shape "$shape" "${args[@]}" > "$log" 2>&1; then
+          echo "| $r | $shape | $b | failed | (see $log) | |" >> "$table"
+          continue
+        fi
+        fwd=$(awk '$1 == "forward" {print $2; exit}' "$log")
+        bwd=$(awk '$1 == "backward" {print $2; exit}' "$log")
+        bits=$(grep -q "repeated bits: identical" "$log" && echo same || echo DIFFER)
+        echo "| $r | $shape | $b | $fwd | $bwd | $bits |" | tee -a "$table"
+      done
+    done
+  done
+  echo
+  cat "$table"
+  ;;
+*)
+  sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'
+  exit 2
+  ;;
+esac
