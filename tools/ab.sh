@@ -3,7 +3,8 @@
 # drift (it is power-bound, DESIGN.md §7) falls on every build alike.
 #
 #   tools/ab.sh build NAME REV   here: builds build/mok of git revision REV in a scratch worktree
-#                                and keeps it as exp/NAME/mok (exp/ is ignored: carry it)
+#                                and keeps it as exp/NAME/mok (exp/ is ignored: carry it);
+#                                make's variables pass through (NVEXTRA=-DGEMM_CN=1 ...)
 #   tools/ab.sh bench            on the device: for each of $REPS rounds, each shape of $SHAPES,
 #                                each build of $BUILDS (NAME, or "here" for ./build/mok), one
 #                                `mok bench $ARGS`; logs under $OUT (or results/), a table last
@@ -51,7 +52,7 @@ bench)
   cat "$table"
   ;;
 *)
-  sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'
   exit 2
   ;;
 esac
