@@ -37,12 +37,14 @@ bench)
         bin=./build/mok
         [ "$b" = here ] || bin=exp/$b/mok
         log="$out/$b-$shape-$r.log"
-        if ! "$bin" bench --shape "$shape" "${args[@]}" > "$log" 2>&1; then
-          echo "| $r | $shape | $b | failed | (see $log) | |" >> "$table"
+        rc=0
+        "$bin" bench --shape "$shape" "${args[@]}" > "$log" 2>&1 || rc=$?
+        fwd=$(awk '$1 == "forward" {print $2; exit}' "$log" 2> /dev/null || true)
+        bwd=$(awk '$1 == "backward" {print $2; exit}' "$log" 2> /dev/null || true)
+        if [ -z "$fwd" ] || [ -z "$bwd" ]; then
+          echo "| $r | $shape | $b | failed (exit $rc) | see $log | |" | tee -a "$table"
           continue
         fi
-        fwd=$(awk '$1 == "forward" {print $2; exit}' "$log")
-        bwd=$(awk '$1 == "backward" {print $2; exit}' "$log")
         bits=$(grep -q "repeated bits: identical" "$log" && echo same || echo DIFFER)
         echo "| $r | $shape | $b | $fwd | $bwd | $bits |" | tee -a "$table"
       done
