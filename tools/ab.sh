@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # ab.sh: compare builds of mok on the device with `mok bench`, interleaved, so that the GPU's
-# drift (it is power-bound, DESIGN.md §7) falls on every build alike.
+# drift (it behaves as power-bound, DESIGN.md §7) falls on every build alike.
 #
 #   tools/ab.sh build NAME REV   here: builds build/mok of git revision REV in a scratch worktree
 #                                and keeps it as exp/NAME/mok (exp/ is ignored: carry it);
@@ -39,8 +39,8 @@ bench)
         log="$out/$b-$shape-$r.log"
         rc=0
         "$bin" bench --shape "$shape" "${args[@]}" > "$log" 2>&1 || rc=$?
-        fwd=$(awk '$1 == "forward" {print $2; exit}' "$log" 2> /dev/null || true)
-        bwd=$(awk '$1 == "backward" {print $2; exit}' "$log" 2> /dev/null || true)
+        fwd=$(awk '$1 == "forward" {print $2; exit}' "$log")
+        bwd=$(awk '$1 == "backward" {print $2; exit}' "$log")
         if [ -z "$fwd" ] || [ -z "$bwd" ]; then
           echo "| $r | $shape | $b | failed (exit $rc) | see $log | |" | tee -a "$table"
           continue
@@ -54,7 +54,7 @@ bench)
   cat "$table"
   ;;
 *)
-  sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'
+  awk 'NR > 1 && !/^#/ {exit} NR > 1 {sub(/^# ?/, ""); print}' "$0"
   exit 2
   ;;
 esac
