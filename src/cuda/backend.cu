@@ -478,7 +478,7 @@ static mok_status gateup_fwd(const call *c, int routed, const void *a, const voi
   gemm_args g;
   memset(&g, 0, sizeof g);
   int64_t rows = routed ? c->S.rows_cap : c->T;
-  TRY(map2(&g.a, a, rows, c->H, 128));
+  TRY(map2(&g.a, a, rows, c->H, GEMM_A_BOX_ROWS));
   TRY(map3(&g.b0, w_gate, experts, I, c->H, 128));
   TRY(map3(&g.b1, w_up, experts, I, c->H, 128));
   if (routed) rows_routed(c, &g); else rows_plain(c, &g);
@@ -497,7 +497,7 @@ static mok_status down_fwd(const call *c, int routed, const void *a, const void 
   gemm_args g;
   memset(&g, 0, sizeof g);
   int64_t rows = routed ? c->S.rows_cap : c->T;
-  TRY(map2(&g.a, a, rows, I, 128));
+  TRY(map2(&g.a, a, rows, I, GEMM_A_BOX_ROWS));
   TRY(map3(&g.b0, w_down, experts, c->H, I, 128));
   if (routed) rows_routed(c, &g); else rows_plain(c, &g);
   g.status = c->status;
@@ -515,7 +515,7 @@ static mok_status down_dgrad(const call *c, int routed, const void *a, const voi
   gemm_args g;
   memset(&g, 0, sizeof g);
   int64_t rows = routed ? c->S.rows_cap : c->T;
-  TRY(map2(&g.a, a, rows, c->H, 128));
+  TRY(map2(&g.a, a, rows, c->H, GEMM_A_BOX_ROWS));
   TRY(map3(&g.b0, w_down, experts, c->H, I, 64));
   if (routed) rows_routed(c, &g); else rows_plain(c, &g);
   g.status = c->status;
@@ -535,7 +535,7 @@ static mok_status gateup_dgrad(const call *c, int routed, const void *dgu, const
   gemm_args g;
   memset(&g, 0, sizeof g);
   int64_t rows = routed ? c->S.rows_cap : c->T;
-  TRY(map2(&g.a, dgu, rows, 2 * I, 128));
+  TRY(map2(&g.a, dgu, rows, 2 * I, GEMM_A_BOX_ROWS));
   TRY(map3(&g.b0, w_gate, experts, I, c->H, 64));
   TRY(map3(&g.b1, w_up, experts, I, c->H, 64));
   if (routed) rows_routed(c, &g); else rows_plain(c, &g);

@@ -7,26 +7,28 @@
  * Warpgroup 0 produces (one thread issues TMA loads), warpgroups 1 and 2 consume: each computes
  * 64 rows x 256 columns with wgmma m64n256k16, 128 fp32 accumulators per thread.
  *
- * With GEMM_CLUSTER = 2 (kernels.h, the default), clusters of two CTAs take the two
- * 128-row halves of a 256-row pair of tiles with the same columns. When both halves belong to
- * the same expert they need the same B tile: each CTA's
- * producer loads half of it and multicasts it to both, which cuts L2 -> SM traffic per FLOP by a
- * third. A stage may be refilled only when the consumers of both CTAs have released it, so every
- * consumer releases its stage in both CTAs (empty barriers count 2 CTAs x 2 warpgroups), and the
- * two CTAs walk their pipelines in lockstep: a CTA without a tile of its own (the odd last half)
- * runs the k-loop as a "phantom", taking part in the barriers but loading and computing nothing.
+ * Clusters of GEMM_CM x GEMM_CN CTAs (kernels.h) take blocks of as many tiles: the GEMM_CM
+ * tiles of one N column (128-row halves of a 256-row block) need the same B tile when their rows
+ * belong to the same expert, and the GEMM_CN tiles of one M row always need the same A tile. Each
+ * CTA's producer loads its part of a shared tile and multicasts it to the CTAs that share it,
+ * which cuts L2 -> SM traffic per FLOP (by a third at 2 x 1, by half at 2 x 2). A stage may be
+ * refilled only when the consumers of every CTA of the cluster have released it, so every
+ * consumer releases its stage in all of them (empty barriers count GEMM_CLUSTER CTAs x 2
+ * warpgroups), and the CTAs walk their pipelines in lockstep: a CTA without a tile of its own (an
+ * odd last M or N tile) runs the k-loop as a "phantom", taking part in the barriers but loading
+ * and computing nothing, and its neighbours load their tiles whole.
  *
  * Shared memory (gemm_smem) is 128B-swizzled, as TMA writes it and wgmma reads it:
- *   A, K-major:  [128 rows][64 k]           (one TMA box)
+ *   A, K-major:  [128 rows][64 k]           (GEMM_CN boxes, one per CTA of the M row)
  *   A, MN-major: 2 x [64 k][64 m]           (consumer w reads box w)
- *   B, K-major:  [256 rows][64 k]           (two boxes of 128 rows, one per CTA of the pair)
+ *   B, K-major:  [256 rows][64 k]           (two boxes of 128 rows, one per CTA of the column)
  *   B, MN-major: 4 x [64 k][64 n]           (LBO = 8 KB between the 64-wide n blocks)
  * The epilogues write from registers: a quad of threads exchanges its words so that each thread
  * stores 16 contiguous bytes (quad_transpose), which fills whole sectors with no shared memory and
  * no barrier, and lets routed rows scatter to their slots.
  *
  * Determinism: each output element is one accumulator summed over K in ascending k-blocks; no
- * split-K, no order-dependent atomics; the tile order, cluster pairing and grid size change no bit.
+ * split-K, no order-dependent atomics; the tile order, cluster shape and grid size change no bit.
  */
 #ifndef MOK_GEMM_CUH
 #define MOK_GEMM_CUH
@@ -50,81 +52,96 @@ typedef struct gemm_smem {
 #define GEMM_SMEM_BYTES (sizeof(gemm_smem) + 1024)
 
 /* ---- tile scheduling ------------------------------------------------------------------------ */
-/* A cluster takes pairs of M tiles: CTA rank r computes M tile 2p + r of pair p. */
+/* A cluster takes blocks of GEMM_CM x GEMM_CN tiles: CTA rank r computes M tile GEMM_CM * mb +
+ * r % GEMM_CM and N tile GEMM_CN * nb + r / GEMM_CM of block (mb, nb). */
 typedef struct gemm_tile {
   int m0, n0;   /* first output row and column of this CTA's tile */
   int expert;   /* local expert (0 for the shared expert) */
   int k_row0;   /* weight gradients: first row of the expert's K range */
-  int k_blocks; /* number of BK-wide k-blocks (the same for both CTAs of the pair) */
-  int valid;    /* 0: phantom, this CTA has no tile in the pair */
-  int shared;   /* both tiles of the pair exist and use the same B: multicast it */
+  int k_blocks; /* number of BK-wide k-blocks (the same for every CTA of the block) */
+  int valid;    /* 0: phantom, this CTA has no tile in the block */
+  int b_shared; /* the GEMM_CM tiles of this CTA's N column exist and use the same B: multicast */
+  int a_shared; /* the GEMM_CN tiles of this CTA's M row exist: multicast A */
 } gemm_tile;
 
 MOK_DEV int cluster_count(void) { return gridDim.x / GEMM_CLUSTER; }
 MOK_DEV int cluster_id(void) { return blockIdx.x / GEMM_CLUSTER; }
+MOK_DEV int rank_m(int rank) { return rank % GEMM_CM; }
+MOK_DEV int rank_n(int rank) { return rank / GEMM_CM; }
+/* The CTAs that receive this CTA's share of B (its N column) and of A (its M row). */
+MOK_DEV uint16_t b_mask(int rank) { return (uint16_t)(((1 << GEMM_CM) - 1) << (GEMM_CM * rank_n(rank))); }
+MOK_DEV uint16_t a_mask(int rank) {
+  return (uint16_t)((1 << rank_m(rank)) | (GEMM_CN == 2 ? 1 << (rank_m(rank) + GEMM_CM) : 0));
+}
 
 /* The order of the tiles: the CTAs running at one time should share their operands in L2. Going
  * along N first, 132 CTAs would cover one or two M tiles of a wide product (mixtral's gate/up has
- * 112 N tiles) and stream all of B from HBM once per M tile. So the pairs are taken in groups of
+ * 112 N tiles) and stream all of B from HBM once per M tile. So the blocks are taken in groups of
  * TILE_GROUP M tiles, and within a group M goes first: concurrent CTAs cover about 16 x 8 tiles,
- * each B tile is read once per group. Pair q of a space of mp_count x n_tiles pairs is (mp, nt). */
+ * each B tile is read once per group. Block q of a space of mb_count x nb_count blocks is
+ * (mb, nb). */
 #define TILE_GROUP 16
-MOK_DEV void tile_order(int q, int mp_count, int n_tiles, int *mp, int *nt) {
-  const int gp = TILE_GROUP / GEMM_CLUSTER;  /* pairs per group */
-  const int first = q / (gp * n_tiles) * gp; /* first pair of q's group */
-  const int rows = min(gp, mp_count - first);
-  const int r = q - first * n_tiles;
-  *mp = first + r % rows;
-  *nt = r / rows;
+MOK_DEV void tile_order(int q, int mb_count, int nb_count, int *mb, int *nb) {
+  const int gp = TILE_GROUP / GEMM_CM;        /* M blocks per group */
+  const int first = q / (gp * nb_count) * gp; /* first M block of q's group */
+  const int rows = min(gp, mb_count - first);
+  const int r = q - first * nb_count;
+  *mb = first + r % rows;
+  *nb = r / rows;
 }
+
+MOK_DEV int ceil_div_dev(int a, int b) { return (a + b - 1) / b; }
 
 /* Row-grouped products: M tiles over routed rows, N tiles of width `bn_out`. */
 MOK_DEV int rowgroup_m_tiles(const gemm_args *g) {
   return g->offsets ? g->offsets[g->experts] / GEMM_BM : g->m_tiles_max;
 }
 
-MOK_DEV int rowgroup_pair_count(const gemm_args *g, int bn_out) {
-  return (rowgroup_m_tiles(g) + GEMM_CLUSTER - 1) / GEMM_CLUSTER * ((g->n + bn_out - 1) / bn_out);
+MOK_DEV int rowgroup_block_count(const gemm_args *g, int bn_out) {
+  return ceil_div_dev(rowgroup_m_tiles(g), GEMM_CM) * ceil_div_dev(ceil_div_dev(g->n, bn_out), GEMM_CN);
 }
 
 MOK_DEV gemm_tile rowgroup_tile(const gemm_args *g, int q, int bn_out, int rank) {
-  const int n_tiles = (g->n + bn_out - 1) / bn_out, m_tiles = rowgroup_m_tiles(g);
-  int mp, nt;
-  tile_order(q, (m_tiles + GEMM_CLUSTER - 1) / GEMM_CLUSTER, n_tiles, &mp, &nt);
-  const int m_first = GEMM_CLUSTER * mp, mt = m_first + rank;
+  const int n_tiles = ceil_div_dev(g->n, bn_out), m_tiles = rowgroup_m_tiles(g);
+  int mb, nb;
+  tile_order(q, ceil_div_dev(m_tiles, GEMM_CM), ceil_div_dev(n_tiles, GEMM_CN), &mb, &nb);
+  const int m_first = GEMM_CM * mb, mt = m_first + rank_m(rank);
+  const int n_first = GEMM_CN * nb, nt = n_first + rank_n(rank);
   gemm_tile r;
   r.m0 = mt * GEMM_BM;
   r.n0 = nt * bn_out;
-  r.valid = mt < m_tiles;
+  r.valid = mt < m_tiles && nt < n_tiles;
   int e0 = g->mblock_expert ? g->mblock_expert[m_first] : 0;
   int e1 = -1;
-  if (GEMM_CLUSTER == 2 && m_first + 1 < m_tiles)
+  if (GEMM_CM == 2 && m_first + 1 < m_tiles)
     e1 = g->mblock_expert ? g->mblock_expert[m_first + 1] : 0;
-  r.shared = GEMM_CLUSTER == 2 && e1 == e0;
-  r.expert = rank ? e1 : e0;
+  r.b_shared = GEMM_CM == 2 && e1 == e0 && nt < n_tiles;
+  r.a_shared = GEMM_CN == 2 && n_first + 1 < n_tiles && mt < m_tiles;
+  r.expert = rank_m(rank) ? e1 : e0;
   r.k_row0 = 0;
   r.k_blocks = g->k / GEMM_BK;
   return r;
 }
 
 /* Weight-gradient products: every expert has the same output tiles; K = its padded rows. */
-MOK_DEV int wgrad_pair_count(const gemm_args *g) {
-  return g->experts * ((g->m_tiles_max + GEMM_CLUSTER - 1) / GEMM_CLUSTER) *
-         ((g->n + GEMM_BN - 1) / GEMM_BN);
+MOK_DEV int wgrad_block_count(const gemm_args *g) {
+  return g->experts * ceil_div_dev(g->m_tiles_max, GEMM_CM) *
+         ceil_div_dev(ceil_div_dev(g->n, GEMM_BN), GEMM_CN);
 }
 
 MOK_DEV gemm_tile wgrad_tile(const gemm_args *g, int q, int rank) {
-  const int n_tiles = (g->n + GEMM_BN - 1) / GEMM_BN;
-  const int mp_count = (g->m_tiles_max + GEMM_CLUSTER - 1) / GEMM_CLUSTER;
+  const int n_tiles = ceil_div_dev(g->n, GEMM_BN), m_tiles = g->m_tiles_max;
+  const int mb_count = ceil_div_dev(m_tiles, GEMM_CM), nb_count = ceil_div_dev(n_tiles, GEMM_CN);
   gemm_tile r;
-  r.expert = q / (mp_count * n_tiles);
-  int mp, nt;
-  tile_order(q - r.expert * mp_count * n_tiles, mp_count, n_tiles, &mp, &nt);
-  int mt = GEMM_CLUSTER * mp + rank;
+  r.expert = q / (mb_count * nb_count);
+  int mb, nb;
+  tile_order(q - r.expert * mb_count * nb_count, mb_count, nb_count, &mb, &nb);
+  const int mt = GEMM_CM * mb + rank_m(rank), nt = GEMM_CN * nb + rank_n(rank);
   r.m0 = mt * GEMM_BM;
   r.n0 = nt * GEMM_BN;
-  r.valid = mt < g->m_tiles_max;
-  r.shared = GEMM_CLUSTER == 2 && GEMM_CLUSTER * mp + 1 < g->m_tiles_max;
+  r.valid = mt < m_tiles && nt < n_tiles;
+  r.b_shared = GEMM_CM == 2 && GEMM_CM * mb + 1 < m_tiles && nt < n_tiles;
+  r.a_shared = GEMM_CN == 2 && GEMM_CN * nb + 1 < n_tiles && mt < m_tiles;
   if (g->offsets) {
     r.k_row0 = g->offsets[r.expert];
     r.k_blocks = (g->offsets[r.expert + 1] - r.k_row0) / GEMM_BK;
@@ -204,7 +221,7 @@ MOK_DEV void gemm_consume(gemm_smem *sm, gemm_pipe *p, int k_blocks, int cw, int
   if (prev >= 0) stage_release(sm, prev);
 }
 
-/* A CTA without a tile in the pair keeps its pipeline in step with its peer's. Only thread 0
+/* A CTA without a tile in the block keeps its pipeline in step with the cluster's. Only thread 0
  * releases, so the warpgroup meets at a barrier first: otherwise warps 1-3, which no wgmma ties
  * to warp 0 here, can fall two phases behind on full[s] and later wait, with the right parity,
  * for phases that never come (the 2-CTA hang of perf-log 2026-12-02). */

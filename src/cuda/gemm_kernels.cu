@@ -19,16 +19,40 @@
 #define GEMM_ARCH_OK 0
 #endif
 
-#define BOTH_CTAS ((uint16_t)0x3)
+/* ---- operand loads: shared tiles in parts, one per CTA, multicast to the CTAs that share them - */
+/* K-major A [128 rows][64 k] of M tile m0: GEMM_CN boxes of GEMM_A_BOX_ROWS rows; when the row's
+ * CTAs share it, each loads its own box for all of them. */
+MOK_DEV void load_a_kmajor(__nv_bfloat16 *sa, uint64_t *bar, const gemm_tile *tl, int rank,
+                           const CUtensorMap *map, int k) {
+#pragma unroll
+  for (int j = 0; j < GEMM_CN; j++) {
+    __nv_bfloat16 *dst = sa + j * GEMM_A_BOX_ROWS * 64;
+    const int row = tl->m0 + j * GEMM_A_BOX_ROWS;
+    if (!tl->a_shared) tma_load_2d(dst, map, bar, k, row);
+    else if (j == rank_n(rank)) tma_load_2d_multicast(dst, map, bar, k, row, a_mask(rank));
+  }
+}
 
-/* ---- B operand loads: two halves, one per CTA when the pair shares them -------------------- */
+/* MN-major A of two [64 k][64 m] boxes at rows m0 + 64j (weight gradients). */
+MOK_DEV void load_a_mn(__nv_bfloat16 *sa, uint64_t *bar, const gemm_tile *tl, int rank,
+                       const CUtensorMap *map, int k) {
+#pragma unroll
+  for (int j = 0; j < 2; j++) {
+    __nv_bfloat16 *dst = sa + j * 64 * 64;
+    if (!tl->a_shared) tma_load_2d(dst, map, bar, tl->m0 + 64 * j, k);
+    else if (GEMM_CN == 2 && j == rank_n(rank))
+      tma_load_2d_multicast(dst, map, bar, tl->m0 + 64 * j, k, a_mask(rank));
+  }
+}
+
 /* K-major B of two 128-row halves: half h from map_h at (k, row_h, expert) into rows 128h.. */
 MOK_DEV void load_b_kmajor(__nv_bfloat16 *sb, uint64_t *bar, const gemm_tile *tl, int rank,
                            const CUtensorMap *map0, int row0, const CUtensorMap *map1, int row1,
                            int k) {
-  if (tl->shared) {
-    tma_load_3d_multicast(sb + rank * 128 * 64, rank ? map1 : map0, bar, k, rank ? row1 : row0,
-                          tl->expert, BOTH_CTAS);
+  if (tl->b_shared) {
+    const int h = rank_m(rank);
+    tma_load_3d_multicast(sb + h * 128 * 64, h ? map1 : map0, bar, k, h ? row1 : row0,
+                          tl->expert, b_mask(rank));
   } else {
     tma_load_3d(sb, map0, bar, k, row0, tl->expert);
     tma_load_3d(sb + 128 * 64, map1, bar, k, row1, tl->expert);
@@ -42,12 +66,12 @@ MOK_DEV void load_b_mn(__nv_bfloat16 *sb, uint64_t *bar, const gemm_tile *tl, in
 #pragma unroll
   for (int j = 0; j < 4; j++) {
     int half = j / 2;
-    if (tl->shared && half != rank) continue;
+    if (tl->b_shared && half != rank_m(rank)) continue;
     __nv_bfloat16 *dst = sb + j * 64 * 64;
     int n = tl->n0 + 64 * j;
-    if (tl->shared) {
-      if (e < 0) tma_load_2d_multicast(dst, map, bar, n, k, BOTH_CTAS);
-      else tma_load_3d_multicast(dst, map, bar, n, k, e, BOTH_CTAS);
+    if (tl->b_shared) {
+      if (e < 0) tma_load_2d_multicast(dst, map, bar, n, k, b_mask(rank));
+      else tma_load_3d_multicast(dst, map, bar, n, k, e, b_mask(rank));
     } else {
       if (e < 0) tma_load_2d(dst, map, bar, n, k);
       else tma_load_3d(dst, map, bar, n, k, e);
@@ -224,7 +248,7 @@ MOK_DEV void epi_wgrad(const gemm_args *g, const gemm_tile *tl, int cw, float *d
 }
 
 /* ---- kernels -------------------------------------------------------------------------------- */
-/* The body shared by all kernels: `COUNT` pairs of tiles, `TILE` the tile of pair q for this
+/* The body shared by all kernels: `COUNT` blocks of tiles, `TILE` the tile of block q for this
  * CTA, `LOAD` the TMA loads of k-block kb into stage s (sa, sb, bar), `EPI` the epilogue.
  * A macro, not a template: each kernel reads top to bottom with its own loads and epilogue. */
 #define GEMM_KERNEL_BODY(COUNT, TILE, LOAD, A_MN, B_MN, EPI)                                \
@@ -271,17 +295,17 @@ MOK_DEV void epi_wgrad(const gemm_args *g, const gemm_tile *tl, int cw, float *d
 
 /* A [rows, H] K-major; B = gate rows i0..i0+127 then up rows i0..i0+127 of expert e. */
 KERNEL gemm_fwd_gateup(const __grid_constant__ gemm_args g) {
-  GEMM_KERNEL_BODY(rowgroup_pair_count(&g, GEMM_BN_GATEUP),
+  GEMM_KERNEL_BODY(rowgroup_block_count(&g, GEMM_BN_GATEUP),
                    rowgroup_tile(&g, q, GEMM_BN_GATEUP, rank),
-                   (tma_load_2d(sa, &g.a, bar, kb * 64, tl.m0),
+                   (load_a_kmajor(sa, bar, &tl, rank, &g.a, kb * 64),
                     load_b_kmajor(sb, bar, &tl, rank, &g.b0, tl.n0, &g.b1, tl.n0, kb * 64)),
                    0, 0, epi_swiglu_fwd)
 }
 
 /* A [rows, I] K-major; B = W_down[e] [H, I] K-major, rows n0..n0+255 in two halves. */
 KERNEL gemm_fwd_down(const __grid_constant__ gemm_args g) {
-  GEMM_KERNEL_BODY(rowgroup_pair_count(&g, GEMM_BN), rowgroup_tile(&g, q, GEMM_BN, rank),
-                   (tma_load_2d(sa, &g.a, bar, kb * 64, tl.m0),
+  GEMM_KERNEL_BODY(rowgroup_block_count(&g, GEMM_BN), rowgroup_tile(&g, q, GEMM_BN, rank),
+                   (load_a_kmajor(sa, bar, &tl, rank, &g.a, kb * 64),
                     load_b_kmajor(sb, bar, &tl, rank, &g.b0, tl.n0, &g.b0, tl.n0 + 128,
                                   kb * 64)),
                    0, 0, epi_rows)
@@ -289,8 +313,8 @@ KERNEL gemm_fwd_down(const __grid_constant__ gemm_args g) {
 
 /* A [rows, H] K-major; B[n = i, k = h] = W_down[e][h, i]: MN-major boxes [64 h][64 i]. */
 KERNEL gemm_dgrad_down(const __grid_constant__ gemm_args g) {
-  GEMM_KERNEL_BODY(rowgroup_pair_count(&g, GEMM_BN), rowgroup_tile(&g, q, GEMM_BN, rank),
-                   (tma_load_2d(sa, &g.a, bar, kb * 64, tl.m0),
+  GEMM_KERNEL_BODY(rowgroup_block_count(&g, GEMM_BN), rowgroup_tile(&g, q, GEMM_BN, rank),
+                   (load_a_kmajor(sa, bar, &tl, rank, &g.a, kb * 64),
                     load_b_mn(sb, bar, &tl, rank, &g.b0, kb * 64, tl.expert)),
                    0, 1, epi_swiglu_bwd)
 }
@@ -305,8 +329,8 @@ MOK_DEV void load_gateup_mn(const gemm_args *g, __nv_bfloat16 *sb, uint64_t *bar
 
 /* A [rows, 2I] K-major (dgu); B from W_gate then W_up, MN-major. */
 KERNEL gemm_dgrad_gateup(const __grid_constant__ gemm_args g) {
-  GEMM_KERNEL_BODY(rowgroup_pair_count(&g, GEMM_BN), rowgroup_tile(&g, q, GEMM_BN, rank),
-                   (tma_load_2d(sa, &g.a, bar, kb * 64, tl.m0),
+  GEMM_KERNEL_BODY(rowgroup_block_count(&g, GEMM_BN), rowgroup_tile(&g, q, GEMM_BN, rank),
+                   (load_a_kmajor(sa, bar, &tl, rank, &g.a, kb * 64),
                     load_gateup_mn(&g, sb, bar, &tl, rank, kb)),
                    0, 1, epi_rows)
 }
@@ -314,9 +338,8 @@ KERNEL gemm_dgrad_gateup(const __grid_constant__ gemm_args g) {
 /* Per expert e: out[m, n] = sum over its rows r of A[r, m] B[r, n]; both operands are row-major
  * [rows, M] and [rows, N], i.e. MN-major, loaded as [64 r][64 m|n] boxes. */
 KERNEL gemm_wgrad(const __grid_constant__ gemm_args g) {
-  GEMM_KERNEL_BODY(wgrad_pair_count(&g), wgrad_tile(&g, q, rank),
-                   (tma_load_2d(sa, &g.a, bar, tl.m0, tl.k_row0 + kb * 64),
-                    tma_load_2d(sa + 64 * 64, &g.a, bar, tl.m0 + 64, tl.k_row0 + kb * 64),
+  GEMM_KERNEL_BODY(wgrad_block_count(&g), wgrad_tile(&g, q, rank),
+                   (load_a_mn(sa, bar, &tl, rank, &g.a, tl.k_row0 + kb * 64),
                     load_b_mn(sb, bar, &tl, rank, &g.b0, tl.k_row0 + kb * 64, -1)),
                    1, 1, epi_wgrad)
 }
@@ -365,17 +388,18 @@ static int ceil_div(int a, int b) { return (a + b - 1) / b; }
 
 cudaError_t gemm_launch(gemm_kind kind, const gemm_args *g, int max_ctas, cudaStream_t stream) {
   const int C = GEMM_CLUSTER;
-  int pairs;
+  const int mb = ceil_div(g->m_tiles_max, GEMM_CM);
+  int blocks; /* blocks of GEMM_CM x GEMM_CN tiles, one per cluster at a time */
   switch (kind) {
     case GEMM_FWD_GATEUP:
-      pairs = ceil_div(g->m_tiles_max, C) * ceil_div(g->n, GEMM_BN_GATEUP);
+      blocks = mb * ceil_div(ceil_div(g->n, GEMM_BN_GATEUP), GEMM_CN);
       break;
     case GEMM_WGRAD:
-      pairs = g->experts * ceil_div(g->m_tiles_max, C) * ceil_div(g->n, GEMM_BN);
+      blocks = g->experts * mb * ceil_div(ceil_div(g->n, GEMM_BN), GEMM_CN);
       break;
-    default: pairs = ceil_div(g->m_tiles_max, C) * ceil_div(g->n, GEMM_BN); break;
+    default: blocks = mb * ceil_div(ceil_div(g->n, GEMM_BN), GEMM_CN); break;
   }
-  int ctas = C * pairs < max_ctas ? C * pairs : max_ctas;
+  int ctas = C * blocks < max_ctas ? C * blocks : max_ctas;
   if (ctas < C) ctas = C;
   cudaLaunchAttribute attr;
   cudaLaunchConfig_t cfg = launch_config(ctas, stream, &attr);

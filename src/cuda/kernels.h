@@ -72,10 +72,17 @@ cudaError_t ep_barrier_launch(const ep_table *tb, int rank, int ranks, int when,
 #define GEMM_STAGES 4
 #define GEMM_THREADS 384 /* producer warpgroup + two consumer warpgroups */
 #define GEMM_BN_GATEUP 128 /* gate/up forward: output columns of a tile (128 gate + 128 up) */
-/* CTAs per cluster sharing (multicasting) B tiles, 1 or 2 (gemm.cuh; measured in DESIGN §2.2). */
-#ifndef GEMM_CLUSTER
-#define GEMM_CLUSTER 2
+/* A cluster takes GEMM_CM x GEMM_CN tiles (gemm.cuh): the GEMM_CM tiles of one N column share
+ * (multicast) their B tile, the GEMM_CN tiles of one M row their A tile; each 1 or 2 (measured in
+ * DESIGN §2.2). A K-major A tile is loaded in GEMM_CN boxes of GEMM_A_BOX_ROWS rows. */
+#ifndef GEMM_CM
+#define GEMM_CM 2
 #endif
+#ifndef GEMM_CN
+#define GEMM_CN 2
+#endif
+#define GEMM_CLUSTER (GEMM_CM * GEMM_CN)
+#define GEMM_A_BOX_ROWS (GEMM_BM / GEMM_CN)
 typedef enum gemm_kind {
   GEMM_FWD_GATEUP,    /* gu, hw <- A x [gate | up]^T, SwiGLU epilogue */
   GEMM_FWD_DOWN,      /* slot rows (or fp32 rows) <- A x W_down^T */
