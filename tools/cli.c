@@ -59,7 +59,7 @@ enum { FOR_RUN = 1, FOR_BENCH = 2, FOR_BOTH = 3 };
 
 typedef enum opt_id {
   OPT_SHAPE, OPT_SCALE, OPT_TOKENS, OPT_BACKEND, OPT_DEVICE, OPT_SEED, OPT_THREADS, OPT_SMS,
-  OPT_GRAD_MODE,
+  OPT_CLUSTER, OPT_GRAD_MODE,
   OPT_CHECK_TOKENS, OPT_CHECK_ROWS, OPT_TOL, OPT_WARMUP, OPT_REPEAT, OPT_JSON, OPT_EP
 } opt_id;
 
@@ -72,6 +72,7 @@ static const struct {
     {"tokens", OPT_TOKENS, FOR_BOTH},       {"backend", OPT_BACKEND, FOR_BOTH},
     {"device", OPT_DEVICE, FOR_BOTH},       {"seed", OPT_SEED, FOR_BOTH},
     {"threads", OPT_THREADS, FOR_BOTH},     {"sms", OPT_SMS, FOR_BOTH},
+    {"cluster", OPT_CLUSTER, FOR_BOTH},
     {"grad-mode", OPT_GRAD_MODE, FOR_BOTH},
     {"check-tokens", OPT_CHECK_TOKENS, FOR_RUN}, {"check-rows", OPT_CHECK_ROWS, FOR_RUN},
     {"tol", OPT_TOL, FOR_RUN},              {"warmup", OPT_WARMUP, FOR_BENCH},
@@ -161,6 +162,18 @@ static int apply(cli_options *o, opt_id id, const char *name, const char *v, cha
       o->tol = strtod(v, &end);
       if (end == v || *end || !(o->tol > 0) || !isfinite(o->tol))
         return fail(err, len, "--tol '%s': expected a number > 0, e.g. 1e-2", v);
+      return 0;
+    case OPT_CLUSTER:
+      if (strcmp(v, "auto") == 0) {
+        o->cluster_m = o->cluster_n = 0;
+        return 0;
+      }
+      if (strlen(v) != 3 || (v[0] != '1' && v[0] != '2') || v[1] != 'x' ||
+          (v[2] != '1' && v[2] != '2'))
+        return fail(err, len, "--cluster '%s': expected auto or MxN with M, N 1 or 2, e.g. 2x2",
+                    v);
+      o->cluster_m = v[0] - '0';
+      o->cluster_n = v[2] - '0';
       return 0;
     case OPT_JSON: o->json = v; return 0;
     case OPT_DEVICE: return set_int(&o->device, name, v, 0, err, len);

@@ -96,8 +96,9 @@ class Context:
         self.threads = _cpu_threads() if threads is None else int(threads)
         self.group, self.rank = group, int(rank)  # the group outlives its contexts
         self.ep = group.ranks if group is not None else 1
-        cfg = _lib.ContextConfig(BACKENDS[backend], self.device, self.rank, self.ep, self.threads,
-                                 0, _ptr(group.ptr if group is not None else 0))
+        cfg = _lib.ContextConfig(backend=BACKENDS[backend], device=self.device,
+                                 ep_rank=self.rank, ep_size=self.ep, threads=self.threads,
+                                 group=_ptr(group.ptr if group is not None else 0))
         ptr = ctypes.c_void_p()
         check(lib.mok_context_create(ctypes.byref(cfg), ctypes.byref(ptr)), "mok_context_create")
         self.ptr, self._destroy = ptr.value, lib.mok_context_destroy

@@ -79,9 +79,9 @@ static mok_status cuda_context_init(mok_context *ctx) {
   if (tma_init() != 0)
     return mok_fail(MOK_ERR_UNSUPPORTED, "the CUDA driver has no cuTensorMapEncodeTiled (need 12.0+)");
   device_guard g;
-  int max_ctas = 0;
+  int max_ctas[3] = {0, 0, 0};
   TRY(device_enter(ctx, &g));
-  cudaError_t e = gemm_init(&max_ctas);
+  cudaError_t e = gemm_init(max_ctas);
   if (e == cudaSuccess) e = ep_preload();
   if (e == cudaSuccess) e = rows_preload();
   if (e == cudaSuccess) e = schedule_preload();
@@ -89,17 +89,16 @@ static mok_status cuda_context_init(mok_context *ctx) {
   if (e != cudaSuccess) return cuda_fail(e, "GEMM kernel attributes");
   ctx->sm_count = p.multiProcessorCount;
   if (ctx->cfg.sms > 0 && ctx->cfg.sms < ctx->sm_count) ctx->sm_count = ctx->cfg.sms;
-  ctx->gemm_ctas = (ctx->sm_count < max_ctas ? ctx->sm_count : max_ctas) / GEMM_CLUSTER * GEMM_CLUSTER;
-  if (ctx->gemm_ctas < GEMM_CLUSTER) ctx->gemm_ctas = GEMM_CLUSTER;
-  if (ctx->cfg.group && !ctx->cfg.group->nccl) {
-    /* Emulated ranks share this GPU. A persistent GEMM needs all its CTAs resident at once, and
-     * a rank waiting at a barrier holds part of an SM until its peers arrive: with every rank's
-     * GEMM asking for every SM, a peer's GEMM could wait for its last CTA forever. So each rank's
-     * GEMMs get an equal share of the SMs left over when every rank holds one. */
-    const int R = ctx->cfg.ep_size;
-    int share = (ctx->sm_count - R) / R / GEMM_CLUSTER * GEMM_CLUSTER;
-    if (share < GEMM_CLUSTER) share = GEMM_CLUSTER;
-    if (ctx->gemm_ctas > share) ctx->gemm_ctas = share;
+  /* Emulated ranks share this GPU. A persistent GEMM needs all its CTAs resident at once, and a
+   * rank waiting at a barrier holds part of an SM until its peers arrive: with every rank's GEMM
+   * asking for every SM, a peer's GEMM could wait for its last CTA forever. So each rank's GEMMs
+   * get an equal share of the SMs left over when every rank holds one. */
+  const int R = ctx->cfg.group && !ctx->cfg.group->nccl ? ctx->cfg.ep_size : 0;
+  for (int i = 0; i < 3; i++) {
+    const int C = 1 << i;
+    int n = ctx->sm_count < max_ctas[i] ? ctx->sm_count : max_ctas[i];
+    if (R) n = n < (ctx->sm_count - R) / R ? n : (ctx->sm_count - R) / R;
+    ctx->gemm_ctas[i] = n < C ? C : n / C * C;
   }
   return MOK_OK;
 }
@@ -448,8 +447,24 @@ static mok_status map3(CUtensorMap *m, const void *p, int64_t b, int64_t rows, i
   return MOK_OK;
 }
 
+/* The cluster shape of a product (gemm.cuh): the context's knob, or chosen from the tile space
+ * as measured (DESIGN §2.2). Sets g->cm, g->cn from g's tile space (m_tiles_max, n, k). */
+static void cluster_shape(const call *c, gemm_kind kind, gemm_args *g) {
+  const mok_context_config *cfg = &c->ws->ctx->cfg;
+  if (cfg->cluster_m) {
+    g->cm = cfg->cluster_m;
+    g->cn = cfg->cluster_n;
+    return;
+  }
+  const int backward = kind == GEMM_DGRAD_DOWN || kind == GEMM_DGRAD_GATEUP || kind == GEMM_WGRAD;
+  const int n_tiles = (g->n + GEMM_BN - 1) / GEMM_BN;
+  g->cm = 2;
+  g->cn = backward && n_tiles % 2 == 0 ? 2 : 1;
+}
+
 static mok_status run(const call *c, gemm_kind kind, const gemm_args *g, const char *what) {
-  cudaError_t e = gemm_launch(kind, g, c->ws->ctx->gemm_ctas, c->stream);
+  const int *ctas = c->ws->ctx->gemm_ctas;
+  cudaError_t e = gemm_launch(kind, g, ctas[g->cm * g->cn / 2], c->stream);
   return e == cudaSuccess ? MOK_OK : cuda_fail(e, what);
 }
 
@@ -478,7 +493,6 @@ static mok_status gateup_fwd(const call *c, int routed, const void *a, const voi
   gemm_args g;
   memset(&g, 0, sizeof g);
   int64_t rows = routed ? c->S.rows_cap : c->T;
-  TRY(map2(&g.a, a, rows, c->H, GEMM_A_BOX_ROWS));
   TRY(map3(&g.b0, w_gate, experts, I, c->H, 128));
   TRY(map3(&g.b1, w_up, experts, I, c->H, 128));
   if (routed) rows_routed(c, &g); else rows_plain(c, &g);
@@ -488,6 +502,8 @@ static mok_status gateup_fwd(const call *c, int routed, const void *a, const voi
   g.row_weight = routed ? AT(c->saved, c->S.row_weight, float) : NULL;
   g.out0 = gu;
   g.out1 = hw;
+  cluster_shape(c, GEMM_FWD_GATEUP, &g);
+  TRY(map2(&g.a, a, rows, c->H, GEMM_BM / g.cn));
   return run(c, GEMM_FWD_GATEUP, &g, "gate/up forward");
 }
 
@@ -497,7 +513,6 @@ static mok_status down_fwd(const call *c, int routed, const void *a, const void 
   gemm_args g;
   memset(&g, 0, sizeof g);
   int64_t rows = routed ? c->S.rows_cap : c->T;
-  TRY(map2(&g.a, a, rows, I, GEMM_A_BOX_ROWS));
   TRY(map3(&g.b0, w_down, experts, c->H, I, 128));
   if (routed) rows_routed(c, &g); else rows_plain(c, &g);
   g.status = c->status;
@@ -506,6 +521,8 @@ static mok_status down_fwd(const call *c, int routed, const void *a, const void 
   g.row_src = routed ? AT(c->saved, c->S.row_src, int32_t) : NULL;
   g.out0 = out;
   g.ld_out = c->H;
+  cluster_shape(c, GEMM_FWD_DOWN, &g);
+  TRY(map2(&g.a, a, rows, I, GEMM_BM / g.cn));
   return run(c, GEMM_FWD_DOWN, &g, "down forward");
 }
 
@@ -515,7 +532,6 @@ static mok_status down_dgrad(const call *c, int routed, const void *a, const voi
   gemm_args g;
   memset(&g, 0, sizeof g);
   int64_t rows = routed ? c->S.rows_cap : c->T;
-  TRY(map2(&g.a, a, rows, c->H, GEMM_A_BOX_ROWS));
   TRY(map3(&g.b0, w_down, experts, c->H, I, 64));
   if (routed) rows_routed(c, &g); else rows_plain(c, &g);
   g.status = c->status;
@@ -526,6 +542,8 @@ static mok_status down_dgrad(const call *c, int routed, const void *a, const voi
   g.gu_in = (const __nv_bfloat16 *)gu;
   g.out0 = dgu;
   g.peer_aux = part ? table_of(c)->dtw : NULL;
+  cluster_shape(c, GEMM_DGRAD_DOWN, &g);
+  TRY(map2(&g.a, a, rows, c->H, GEMM_BM / g.cn));
   return run(c, GEMM_DGRAD_DOWN, &g, "down dgrad");
 }
 
@@ -535,7 +553,6 @@ static mok_status gateup_dgrad(const call *c, int routed, const void *dgu, const
   gemm_args g;
   memset(&g, 0, sizeof g);
   int64_t rows = routed ? c->S.rows_cap : c->T;
-  TRY(map2(&g.a, dgu, rows, 2 * I, GEMM_A_BOX_ROWS));
   TRY(map3(&g.b0, w_gate, experts, I, c->H, 64));
   TRY(map3(&g.b1, w_up, experts, I, c->H, 64));
   if (routed) rows_routed(c, &g); else rows_plain(c, &g);
@@ -546,6 +563,8 @@ static mok_status gateup_dgrad(const call *c, int routed, const void *dgu, const
   g.row_src = routed ? AT(c->saved, c->S.row_src, int32_t) : NULL;
   g.out0 = out;
   g.ld_out = c->H;
+  cluster_shape(c, GEMM_DGRAD_GATEUP, &g);
+  TRY(map2(&g.a, dgu, rows, 2 * I, GEMM_BM / g.cn));
   return run(c, GEMM_DGRAD_GATEUP, &g, "gate/up dgrad");
 }
 
@@ -570,6 +589,7 @@ static mok_status wgrad(const call *c, int routed, const void *a, int64_t M, con
   g.out1 = out1;
   g.ld_out = (int)N;
   g.accumulate = accumulate;
+  cluster_shape(c, GEMM_WGRAD, &g);
   return run(c, GEMM_WGRAD, &g, "weight gradient");
 }
 

@@ -7,19 +7,19 @@
  * Warpgroup 0 produces (one thread issues TMA loads), warpgroups 1 and 2 consume: each computes
  * 64 rows x 256 columns with wgmma m64n256k16, 128 fp32 accumulators per thread.
  *
- * Clusters of GEMM_CM x GEMM_CN CTAs (kernels.h) take blocks of as many tiles: the GEMM_CM
- * tiles of one N column (128-row halves of a 256-row block) need the same B tile when their rows
- * belong to the same expert, and the GEMM_CN tiles of one M row always need the same A tile. Each
- * CTA's producer loads its part of a shared tile and multicasts it to the CTAs that share it,
- * which cuts L2 -> SM traffic per FLOP (by a third at 2 x 1, by half at 2 x 2). A stage may be
- * refilled only when the consumers of every CTA of the cluster have released it, so every
- * consumer releases its stage in all of them (empty barriers count GEMM_CLUSTER CTAs x 2
- * warpgroups), and the CTAs walk their pipelines in lockstep: a CTA without a tile of its own (an
- * odd last M or N tile) runs the k-loop as a "phantom", taking part in the barriers but loading
- * and computing nothing, and its neighbours load their tiles whole.
+ * Clusters of cm x cn CTAs (gemm_args; each 1 or 2, chosen per launch) take blocks of as many
+ * tiles: the cm tiles of one N column (128-row halves of a 256-row block) need the same B tile
+ * when their rows belong to the same expert, and the cn tiles of one M row always need the same A
+ * tile. Each CTA's producer loads its part of a shared tile and multicasts it to the CTAs that
+ * share it, which cuts L2 -> SM traffic per FLOP (by a third at 2 x 1 or 1 x 2, by half at
+ * 2 x 2). A stage may be refilled only when the consumers of every CTA of the cluster have
+ * released it, so every consumer releases its stage in all of them (empty barriers count cm x cn
+ * CTAs x 2 warpgroups), and the CTAs walk their pipelines in lockstep: a CTA without a tile of
+ * its own (an odd last M or N tile) runs the k-loop as a "phantom", taking part in the barriers
+ * but loading and computing nothing, and its neighbours load their tiles whole.
  *
  * Shared memory (gemm_smem) is 128B-swizzled, as TMA writes it and wgmma reads it:
- *   A, K-major:  [128 rows][64 k]           (GEMM_CN boxes, one per CTA of the M row)
+ *   A, K-major:  [128 rows][64 k]           (cn boxes, one per CTA of the M row)
  *   A, MN-major: 2 x [64 k][64 m]           (consumer w reads box w)
  *   B, K-major:  [256 rows][64 k]           (two boxes of 128 rows, one per CTA of the column)
  *   B, MN-major: 4 x [64 k][64 n]           (LBO = 8 KB between the 64-wide n blocks)
@@ -52,26 +52,32 @@ typedef struct gemm_smem {
 #define GEMM_SMEM_BYTES (sizeof(gemm_smem) + 1024)
 
 /* ---- tile scheduling ------------------------------------------------------------------------ */
-/* A cluster takes blocks of GEMM_CM x GEMM_CN tiles: CTA rank r computes M tile GEMM_CM * mb +
- * r % GEMM_CM and N tile GEMM_CN * nb + r / GEMM_CM of block (mb, nb). */
+/* A cluster of g->cm x g->cn CTAs takes blocks of as many tiles: CTA rank r computes M tile
+ * cm * mb + r % cm and N tile cn * nb + r / cm of block (mb, nb). cm and cn are 1 or 2. */
 typedef struct gemm_tile {
   int m0, n0;   /* first output row and column of this CTA's tile */
   int expert;   /* local expert (0 for the shared expert) */
   int k_row0;   /* weight gradients: first row of the expert's K range */
   int k_blocks; /* number of BK-wide k-blocks (the same for every CTA of the block) */
   int valid;    /* 0: phantom, this CTA has no tile in the block */
-  int b_shared; /* the GEMM_CM tiles of this CTA's N column exist and use the same B: multicast */
-  int a_shared; /* the GEMM_CN tiles of this CTA's M row exist: multicast A */
+  int b_shared; /* the cm tiles of this CTA's N column exist and use the same B: multicast it */
+  int a_shared; /* the cn tiles of this CTA's M row exist: multicast A */
 } gemm_tile;
 
-MOK_DEV int cluster_count(void) { return gridDim.x / GEMM_CLUSTER; }
-MOK_DEV int cluster_id(void) { return blockIdx.x / GEMM_CLUSTER; }
-MOK_DEV int rank_m(int rank) { return rank % GEMM_CM; }
-MOK_DEV int rank_n(int rank) { return rank / GEMM_CM; }
-/* The CTAs that receive this CTA's share of B (its N column) and of A (its M row). */
-MOK_DEV uint16_t b_mask(int rank) { return (uint16_t)(((1 << GEMM_CM) - 1) << (GEMM_CM * rank_n(rank))); }
-MOK_DEV uint16_t a_mask(int rank) {
-  return (uint16_t)((1 << rank_m(rank)) | (GEMM_CN == 2 ? 1 << (rank_m(rank) + GEMM_CM) : 0));
+MOK_DEV int cluster_size(const gemm_args *g) { return g->cm * g->cn; }
+/* cm, cn are 1 or 2: x / c is x >> (c - 1), with no integer division (a subroutine, and
+ * registers that dgrad_down's epilogue does not have to spare). */
+MOK_DEV int div12(int x, int c) { return x >> (c - 1); }
+MOK_DEV int ceil12(int x, int c) { return (x + c - 1) >> (c - 1); }
+MOK_DEV int rank_m(const gemm_args *g, int rank) { return rank & (g->cm - 1); }
+MOK_DEV int rank_n(const gemm_args *g, int rank) { return div12(rank, g->cm); }
+/* The CTAs that receive this CTA's part of B (its N column) and of A (its M row). */
+MOK_DEV uint16_t b_mask(const gemm_args *g, int rank) {
+  return (uint16_t)(((1 << g->cm) - 1) << (g->cm * rank_n(g, rank)));
+}
+MOK_DEV uint16_t a_mask(const gemm_args *g, int rank) {
+  const int m = rank_m(g, rank);
+  return (uint16_t)((1 << m) | (g->cn == 2 ? 1 << (m + g->cm) : 0));
 }
 
 /* The order of the tiles: the CTAs running at one time should share their operands in L2. Going
@@ -81,8 +87,8 @@ MOK_DEV uint16_t a_mask(int rank) {
  * each B tile is read once per group. Block q of a space of mb_count x nb_count blocks is
  * (mb, nb). */
 #define TILE_GROUP 16
-MOK_DEV void tile_order(int q, int mb_count, int nb_count, int *mb, int *nb) {
-  const int gp = TILE_GROUP / GEMM_CM;        /* M blocks per group */
+MOK_DEV void tile_order(int q, int cm, int mb_count, int nb_count, int *mb, int *nb) {
+  const int gp = div12(TILE_GROUP, cm);       /* M blocks per group */
   const int first = q / (gp * nb_count) * gp; /* first M block of q's group */
   const int rows = min(gp, mb_count - first);
   const int r = q - first * nb_count;
@@ -98,26 +104,26 @@ MOK_DEV int rowgroup_m_tiles(const gemm_args *g) {
 }
 
 MOK_DEV int rowgroup_block_count(const gemm_args *g, int bn_out) {
-  return ceil_div_dev(rowgroup_m_tiles(g), GEMM_CM) * ceil_div_dev(ceil_div_dev(g->n, bn_out), GEMM_CN);
+  return ceil12(rowgroup_m_tiles(g), g->cm) * ceil12(ceil_div_dev(g->n, bn_out), g->cn);
 }
 
 MOK_DEV gemm_tile rowgroup_tile(const gemm_args *g, int q, int bn_out, int rank) {
   const int n_tiles = ceil_div_dev(g->n, bn_out), m_tiles = rowgroup_m_tiles(g);
   int mb, nb;
-  tile_order(q, ceil_div_dev(m_tiles, GEMM_CM), ceil_div_dev(n_tiles, GEMM_CN), &mb, &nb);
-  const int m_first = GEMM_CM * mb, mt = m_first + rank_m(rank);
-  const int n_first = GEMM_CN * nb, nt = n_first + rank_n(rank);
+  tile_order(q, g->cm, ceil12(m_tiles, g->cm), ceil12(n_tiles, g->cn), &mb, &nb);
+  const int m_first = g->cm * mb, mt = m_first + rank_m(g, rank);
+  const int n_first = g->cn * nb, nt = n_first + rank_n(g, rank);
   gemm_tile r;
   r.m0 = mt * GEMM_BM;
   r.n0 = nt * bn_out;
   r.valid = mt < m_tiles && nt < n_tiles;
   int e0 = g->mblock_expert ? g->mblock_expert[m_first] : 0;
   int e1 = -1;
-  if (GEMM_CM == 2 && m_first + 1 < m_tiles)
+  if (g->cm == 2 && m_first + 1 < m_tiles)
     e1 = g->mblock_expert ? g->mblock_expert[m_first + 1] : 0;
-  r.b_shared = GEMM_CM == 2 && e1 == e0 && nt < n_tiles;
-  r.a_shared = GEMM_CN == 2 && n_first + 1 < n_tiles && mt < m_tiles;
-  r.expert = rank_m(rank) ? e1 : e0;
+  r.b_shared = g->cm == 2 && e1 == e0 && nt < n_tiles;
+  r.a_shared = g->cn == 2 && n_first + 1 < n_tiles && mt < m_tiles;
+  r.expert = rank_m(g, rank) ? e1 : e0;
   r.k_row0 = 0;
   r.k_blocks = g->k / GEMM_BK;
   return r;
@@ -125,23 +131,22 @@ MOK_DEV gemm_tile rowgroup_tile(const gemm_args *g, int q, int bn_out, int rank)
 
 /* Weight-gradient products: every expert has the same output tiles; K = its padded rows. */
 MOK_DEV int wgrad_block_count(const gemm_args *g) {
-  return g->experts * ceil_div_dev(g->m_tiles_max, GEMM_CM) *
-         ceil_div_dev(ceil_div_dev(g->n, GEMM_BN), GEMM_CN);
+  return g->experts * ceil12(g->m_tiles_max, g->cm) * ceil12(ceil_div_dev(g->n, GEMM_BN), g->cn);
 }
 
 MOK_DEV gemm_tile wgrad_tile(const gemm_args *g, int q, int rank) {
   const int n_tiles = ceil_div_dev(g->n, GEMM_BN), m_tiles = g->m_tiles_max;
-  const int mb_count = ceil_div_dev(m_tiles, GEMM_CM), nb_count = ceil_div_dev(n_tiles, GEMM_CN);
+  const int mb_count = ceil12(m_tiles, g->cm), nb_count = ceil12(n_tiles, g->cn);
   gemm_tile r;
   r.expert = q / (mb_count * nb_count);
   int mb, nb;
-  tile_order(q - r.expert * mb_count * nb_count, mb_count, nb_count, &mb, &nb);
-  const int mt = GEMM_CM * mb + rank_m(rank), nt = GEMM_CN * nb + rank_n(rank);
+  tile_order(q - r.expert * mb_count * nb_count, g->cm, mb_count, nb_count, &mb, &nb);
+  const int mt = g->cm * mb + rank_m(g, rank), nt = g->cn * nb + rank_n(g, rank);
   r.m0 = mt * GEMM_BM;
   r.n0 = nt * GEMM_BN;
   r.valid = mt < m_tiles && nt < n_tiles;
-  r.b_shared = GEMM_CM == 2 && GEMM_CM * mb + 1 < m_tiles && nt < n_tiles;
-  r.a_shared = GEMM_CN == 2 && GEMM_CN * nb + 1 < n_tiles && mt < m_tiles;
+  r.b_shared = g->cm == 2 && g->cm * mb + 1 < m_tiles && nt < n_tiles;
+  r.a_shared = g->cn == 2 && g->cn * nb + 1 < n_tiles && mt < m_tiles;
   if (g->offsets) {
     r.k_row0 = g->offsets[r.expert];
     r.k_blocks = (g->offsets[r.expert + 1] - r.k_row0) / GEMM_BK;
@@ -172,11 +177,11 @@ MOK_DEV void acc_fence(float *d) {
 /* One thread per consumer warpgroup frees stage s in every CTA of the cluster. */
 MOK_DEV void stage_release(gemm_smem *sm, int s) {
   if (threadIdx.x % 128 == 0) {
-    if (GEMM_CLUSTER == 1) {
+    const int ctas = (int)cluster_nctarank();
+    if (ctas == 1) {
       mbarrier_arrive(&sm->empty[s]);
     } else {
-#pragma unroll
-      for (int r = 0; r < GEMM_CLUSTER; r++) mbarrier_arrive_cluster(mapa_shared(&sm->empty[s], r));
+      for (int r = 0; r < ctas; r++) mbarrier_arrive_cluster(mapa_shared(&sm->empty[s], r));
     }
   }
 }
@@ -234,9 +239,9 @@ MOK_DEV void gemm_consume_phantom(gemm_smem *sm, gemm_pipe *p, int k_blocks, int
   }
 }
 
-/* Producer: waits until stage s is free in both CTAs. Returns s. For a real tile it announces
- * the bytes that will land in this CTA's stage (its A, and all of B, half of it from the peer
- * when shared); for a phantom it just arrives. */
+/* Producer: waits until stage s is free in every CTA of the cluster. Returns s. For a real tile
+ * it announces the bytes that will land in this CTA's stage (all of A and B, parts of them from
+ * its peers when shared); for a phantom it just arrives. */
 MOK_DEV int gemm_produce_begin(gemm_smem *sm, gemm_pipe *p, int valid) {
   int s = (int)(p->it % GEMM_STAGES);
   if (p->it >= GEMM_STAGES)
@@ -249,12 +254,12 @@ MOK_DEV int gemm_produce_begin(gemm_smem *sm, gemm_pipe *p, int valid) {
 }
 
 /* ---- kernel prologue and end ------------------------------------------------------------------ */
-MOK_DEV gemm_smem *gemm_smem_init(char *raw) {
+MOK_DEV gemm_smem *gemm_smem_init(char *raw, int ctas) {
   gemm_smem *sm = (gemm_smem *)(((uintptr_t)raw + 1023) & ~(uintptr_t)1023);
   if (threadIdx.x == 0) {
     for (int s = 0; s < GEMM_STAGES; s++) {
       mbarrier_init(&sm->full[s], 1);
-      mbarrier_init(&sm->empty[s], 2 * GEMM_CLUSTER);
+      mbarrier_init(&sm->empty[s], 2 * ctas);
     }
     fence_mbarrier_init();
   }

@@ -7,8 +7,8 @@
  *   dgrad_gateup [rows, 2I] x [W_gate; W_up] -> slot rows / fp32 rows         (B MN-major)
  *   wgrad        per expert: A^T B over its rows -> weight gradient           (A, B MN-major)
  * Every kernel has the same order: error-word check, shared memory and barriers, then the
- * producer warpgroup (TMA) and two consumer warpgroups (wgmma + epilogue), persistent over groups
- * of GEMM_CLUSTER tiles, launched as clusters of GEMM_CLUSTER CTAs.
+ * producer warpgroup (TMA) and two consumer warpgroups (wgmma + epilogue), persistent over blocks
+ * of cm x cn tiles, launched as clusters of cm x cn CTAs.
  */
 #include "cuda/gemm.cuh"
 #include "cuda/kernels.h"
@@ -20,39 +20,40 @@
 #endif
 
 /* ---- operand loads: shared tiles in parts, one per CTA, multicast to the CTAs that share them - */
-/* K-major A [128 rows][64 k] of M tile m0: GEMM_CN boxes of GEMM_A_BOX_ROWS rows; when the row's
- * CTAs share it, each loads its own box for all of them. */
-MOK_DEV void load_a_kmajor(__nv_bfloat16 *sa, uint64_t *bar, const gemm_tile *tl, int rank,
-                           const CUtensorMap *map, int k) {
-#pragma unroll
-  for (int j = 0; j < GEMM_CN; j++) {
-    __nv_bfloat16 *dst = sa + j * GEMM_A_BOX_ROWS * 64;
-    const int row = tl->m0 + j * GEMM_A_BOX_ROWS;
-    if (!tl->a_shared) tma_load_2d(dst, map, bar, k, row);
-    else if (j == rank_n(rank)) tma_load_2d_multicast(dst, map, bar, k, row, a_mask(rank));
+/* K-major A [128 rows][64 k] of M tile m0: cn boxes of 128 / cn rows (the map's box); when the
+ * row's CTAs share it, each loads its own box for all of them. */
+MOK_DEV void load_a_kmajor(const gemm_args *g, __nv_bfloat16 *sa, uint64_t *bar,
+                           const gemm_tile *tl, int rank, int k) {
+  const int box = GEMM_BM / g->cn;
+  for (int j = 0; j < g->cn; j++) {
+    __nv_bfloat16 *dst = sa + j * box * 64;
+    const int row = tl->m0 + j * box;
+    if (!tl->a_shared) tma_load_2d(dst, &g->a, bar, k, row);
+    else if (j == rank_n(g, rank)) tma_load_2d_multicast(dst, &g->a, bar, k, row, a_mask(g, rank));
   }
 }
 
-/* MN-major A of two [64 k][64 m] boxes at rows m0 + 64j (weight gradients). */
-MOK_DEV void load_a_mn(__nv_bfloat16 *sa, uint64_t *bar, const gemm_tile *tl, int rank,
-                       const CUtensorMap *map, int k) {
+/* MN-major A of two [64 k][64 m] boxes at rows m0 + 64j (weight gradients); shared by a 1 x 2 or
+ * 2 x 2 cluster, box j comes from the CTA with rank_n = j. */
+MOK_DEV void load_a_mn(const gemm_args *g, __nv_bfloat16 *sa, uint64_t *bar, const gemm_tile *tl,
+                       int rank, int k) {
 #pragma unroll
   for (int j = 0; j < 2; j++) {
     __nv_bfloat16 *dst = sa + j * 64 * 64;
-    if (!tl->a_shared) tma_load_2d(dst, map, bar, tl->m0 + 64 * j, k);
-    else if (GEMM_CN == 2 && j == rank_n(rank))
-      tma_load_2d_multicast(dst, map, bar, tl->m0 + 64 * j, k, a_mask(rank));
+    if (!tl->a_shared) tma_load_2d(dst, &g->a, bar, tl->m0 + 64 * j, k);
+    else if (j == rank_n(g, rank))
+      tma_load_2d_multicast(dst, &g->a, bar, tl->m0 + 64 * j, k, a_mask(g, rank));
   }
 }
 
 /* K-major B of two 128-row halves: half h from map_h at (k, row_h, expert) into rows 128h.. */
-MOK_DEV void load_b_kmajor(__nv_bfloat16 *sb, uint64_t *bar, const gemm_tile *tl, int rank,
-                           const CUtensorMap *map0, int row0, const CUtensorMap *map1, int row1,
-                           int k) {
+MOK_DEV void load_b_kmajor(const gemm_args *g, __nv_bfloat16 *sb, uint64_t *bar,
+                           const gemm_tile *tl, int rank, const CUtensorMap *map0, int row0,
+                           const CUtensorMap *map1, int row1, int k) {
   if (tl->b_shared) {
-    const int h = rank_m(rank);
+    const int h = rank_m(g, rank);
     tma_load_3d_multicast(sb + h * 128 * 64, h ? map1 : map0, bar, k, h ? row1 : row0,
-                          tl->expert, b_mask(rank));
+                          tl->expert, b_mask(g, rank));
   } else {
     tma_load_3d(sb, map0, bar, k, row0, tl->expert);
     tma_load_3d(sb + 128 * 64, map1, bar, k, row1, tl->expert);
@@ -61,17 +62,17 @@ MOK_DEV void load_b_kmajor(__nv_bfloat16 *sb, uint64_t *bar, const gemm_tile *tl
 
 /* MN-major B of four [64 k][64 n] boxes at columns n0 + 64j; half h = boxes 2h and 2h+1.
  * `e` < 0: a 2D map (rows = k), else a 3D map per expert. */
-MOK_DEV void load_b_mn(__nv_bfloat16 *sb, uint64_t *bar, const gemm_tile *tl, int rank,
-                       const CUtensorMap *map, int k, int e) {
+MOK_DEV void load_b_mn(const gemm_args *g, __nv_bfloat16 *sb, uint64_t *bar, const gemm_tile *tl,
+                       int rank, const CUtensorMap *map, int k, int e) {
 #pragma unroll
   for (int j = 0; j < 4; j++) {
     int half = j / 2;
-    if (tl->b_shared && half != rank_m(rank)) continue;
+    if (tl->b_shared && half != rank_m(g, rank)) continue;
     __nv_bfloat16 *dst = sb + j * 64 * 64;
     int n = tl->n0 + 64 * j;
     if (tl->b_shared) {
-      if (e < 0) tma_load_2d_multicast(dst, map, bar, n, k, b_mask(rank));
-      else tma_load_3d_multicast(dst, map, bar, n, k, e, b_mask(rank));
+      if (e < 0) tma_load_2d_multicast(dst, map, bar, n, k, b_mask(g, rank));
+      else tma_load_3d_multicast(dst, map, bar, n, k, e, b_mask(g, rank));
     } else {
       if (e < 0) tma_load_2d(dst, map, bar, n, k);
       else tma_load_3d(dst, map, bar, n, k, e);
@@ -255,16 +256,15 @@ MOK_DEV void epi_wgrad(const gemm_args *g, const gemm_tile *tl, int cw, float *d
   extern __shared__ char smem_raw[];                                                         \
   if (!GEMM_ARCH_OK) { __trap(); }                                                           \
   if (*g.status) return; /* the same word for every CTA: the whole grid leaves */            \
-  gemm_smem *sm = gemm_smem_init(smem_raw);                                                  \
+  gemm_smem *sm = gemm_smem_init(smem_raw, cluster_size(&g));                               \
   const int rank = (int)cluster_ctarank();                                                   \
-  const int total = COUNT;                                                                   \
   gemm_pipe pipe = {0};                                                                      \
   if (threadIdx.x / 128 == 0) {                                                              \
     setmaxnreg_dec<40>();                                                                    \
     if (threadIdx.x == 0) {                                                                  \
       prefetch_tensormap(&g.a);                                                              \
       prefetch_tensormap(&g.b0);                                                             \
-      for (int q = cluster_id(); q < total; q += cluster_count()) {                          \
+      for (int q = (int)cluster_index(); q < (COUNT); q += (int)cluster_count()) {             \
         gemm_tile tl = TILE;                                                                 \
         for (int kb = 0; kb < tl.k_blocks; kb++, pipe.it++) {                                \
           int s = gemm_produce_begin(sm, &pipe, tl.valid);                                   \
@@ -279,7 +279,7 @@ MOK_DEV void epi_wgrad(const gemm_args *g, const gemm_tile *tl, int cw, float *d
     setmaxnreg_inc<232>();                                                                   \
     const int cw = threadIdx.x / 128 - 1;                                                    \
     float d[128];                                                                            \
-    for (int q = cluster_id(); q < total; q += cluster_count()) {                            \
+    for (int q = (int)cluster_index(); q < (COUNT); q += (int)cluster_count()) {               \
       gemm_tile tl = TILE;                                                                   \
       if (!tl.valid) {                                                                       \
         gemm_consume_phantom(sm, &pipe, tl.k_blocks, cw);                                    \
@@ -289,7 +289,7 @@ MOK_DEV void epi_wgrad(const gemm_args *g, const gemm_tile *tl, int cw, float *d
       EPI(&g, &tl, cw, d);                                                                   \
     }                                                                                        \
   }                                                                                          \
-  cluster_sync(); /* the peer may still multicast into us or release our stages */
+  cluster_sync(); /* peers may still multicast into us or release our stages */
 
 #define KERNEL __global__ void __launch_bounds__(GEMM_THREADS, 1)
 
@@ -297,16 +297,16 @@ MOK_DEV void epi_wgrad(const gemm_args *g, const gemm_tile *tl, int cw, float *d
 KERNEL gemm_fwd_gateup(const __grid_constant__ gemm_args g) {
   GEMM_KERNEL_BODY(rowgroup_block_count(&g, GEMM_BN_GATEUP),
                    rowgroup_tile(&g, q, GEMM_BN_GATEUP, rank),
-                   (load_a_kmajor(sa, bar, &tl, rank, &g.a, kb * 64),
-                    load_b_kmajor(sb, bar, &tl, rank, &g.b0, tl.n0, &g.b1, tl.n0, kb * 64)),
+                   (load_a_kmajor(&g, sa, bar, &tl, rank, kb * 64),
+                    load_b_kmajor(&g, sb, bar, &tl, rank, &g.b0, tl.n0, &g.b1, tl.n0, kb * 64)),
                    0, 0, epi_swiglu_fwd)
 }
 
 /* A [rows, I] K-major; B = W_down[e] [H, I] K-major, rows n0..n0+255 in two halves. */
 KERNEL gemm_fwd_down(const __grid_constant__ gemm_args g) {
   GEMM_KERNEL_BODY(rowgroup_block_count(&g, GEMM_BN), rowgroup_tile(&g, q, GEMM_BN, rank),
-                   (load_a_kmajor(sa, bar, &tl, rank, &g.a, kb * 64),
-                    load_b_kmajor(sb, bar, &tl, rank, &g.b0, tl.n0, &g.b0, tl.n0 + 128,
+                   (load_a_kmajor(&g, sa, bar, &tl, rank, kb * 64),
+                    load_b_kmajor(&g, sb, bar, &tl, rank, &g.b0, tl.n0, &g.b0, tl.n0 + 128,
                                   kb * 64)),
                    0, 0, epi_rows)
 }
@@ -314,8 +314,8 @@ KERNEL gemm_fwd_down(const __grid_constant__ gemm_args g) {
 /* A [rows, H] K-major; B[n = i, k = h] = W_down[e][h, i]: MN-major boxes [64 h][64 i]. */
 KERNEL gemm_dgrad_down(const __grid_constant__ gemm_args g) {
   GEMM_KERNEL_BODY(rowgroup_block_count(&g, GEMM_BN), rowgroup_tile(&g, q, GEMM_BN, rank),
-                   (load_a_kmajor(sa, bar, &tl, rank, &g.a, kb * 64),
-                    load_b_mn(sb, bar, &tl, rank, &g.b0, kb * 64, tl.expert)),
+                   (load_a_kmajor(&g, sa, bar, &tl, rank, kb * 64),
+                    load_b_mn(&g, sb, bar, &tl, rank, &g.b0, kb * 64, tl.expert)),
                    0, 1, epi_swiglu_bwd)
 }
 
@@ -324,13 +324,13 @@ MOK_DEV void load_gateup_mn(const gemm_args *g, __nv_bfloat16 *sb, uint64_t *bar
                             const gemm_tile *tl, int rank, int kb) {
   int c = kb * 64;
   const CUtensorMap *map = c < g->k_split ? &g->b0 : &g->b1;
-  load_b_mn(sb, bar, tl, rank, map, c < g->k_split ? c : c - g->k_split, tl->expert);
+  load_b_mn(g, sb, bar, tl, rank, map, c < g->k_split ? c : c - g->k_split, tl->expert);
 }
 
 /* A [rows, 2I] K-major (dgu); B from W_gate then W_up, MN-major. */
 KERNEL gemm_dgrad_gateup(const __grid_constant__ gemm_args g) {
   GEMM_KERNEL_BODY(rowgroup_block_count(&g, GEMM_BN), rowgroup_tile(&g, q, GEMM_BN, rank),
-                   (load_a_kmajor(sa, bar, &tl, rank, &g.a, kb * 64),
+                   (load_a_kmajor(&g, sa, bar, &tl, rank, kb * 64),
                     load_gateup_mn(&g, sb, bar, &tl, rank, kb)),
                    0, 1, epi_rows)
 }
@@ -339,8 +339,8 @@ KERNEL gemm_dgrad_gateup(const __grid_constant__ gemm_args g) {
  * [rows, M] and [rows, N], i.e. MN-major, loaded as [64 r][64 m|n] boxes. */
 KERNEL gemm_wgrad(const __grid_constant__ gemm_args g) {
   GEMM_KERNEL_BODY(wgrad_block_count(&g), wgrad_tile(&g, q, rank),
-                   (load_a_mn(sa, bar, &tl, rank, &g.a, tl.k_row0 + kb * 64),
-                    load_b_mn(sb, bar, &tl, rank, &g.b0, tl.k_row0 + kb * 64, -1)),
+                   (load_a_mn(&g, sa, bar, &tl, rank, tl.k_row0 + kb * 64),
+                    load_b_mn(&g, sb, bar, &tl, rank, &g.b0, tl.k_row0 + kb * 64, -1)),
                    1, 1, epi_wgrad)
 }
 
@@ -350,14 +350,15 @@ typedef void (*gemm_fn)(gemm_args);
 static const gemm_fn gemm_fns[] = {gemm_fwd_gateup, gemm_fwd_down, gemm_dgrad_down,
                                    gemm_dgrad_gateup, gemm_wgrad};
 
-static cudaLaunchConfig_t launch_config(int ctas, cudaStream_t stream, cudaLaunchAttribute *attr) {
+static cudaLaunchConfig_t launch_config(int ctas, int cluster, cudaStream_t stream,
+                                        cudaLaunchAttribute *attr) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(ctas);
   cfg.blockDim = dim3(GEMM_THREADS);
   cfg.dynamicSmemBytes = GEMM_SMEM_BYTES;
   cfg.stream = stream;
   attr->id = cudaLaunchAttributeClusterDimension;
-  attr->val.clusterDim.x = GEMM_CLUSTER;
+  attr->val.clusterDim.x = cluster;
   attr->val.clusterDim.y = 1;
   attr->val.clusterDim.z = 1;
   cfg.attrs = attr;
@@ -365,9 +366,10 @@ static cudaLaunchConfig_t launch_config(int ctas, cudaStream_t stream, cudaLaunc
   return cfg;
 }
 
-/* Raises the kernels' shared-memory limit and returns how many CTAs (in clusters of
- * GEMM_CLUSTER) can be resident at once; once per device, outside any graph capture. */
-cudaError_t gemm_init(int *max_ctas) {
+/* Raises the kernels' shared-memory limit and gives, for clusters of 1, 2 and 4 CTAs, how many
+ * CTAs can be resident at once (a cluster must fit in one GPC, so bigger clusters may leave SMs
+ * idle); once per device, outside any graph capture. */
+cudaError_t gemm_init(int max_ctas[3]) {
   static_assert(GEMM_SMEM_BYTES <= 227 * 1024, "GEMM shared memory exceeds the sm_90 limit");
   for (size_t i = 0; i < sizeof gemm_fns / sizeof gemm_fns[0]; i++) {
     cudaError_t e = cudaFuncSetAttribute((const void *)gemm_fns[i],
@@ -375,33 +377,31 @@ cudaError_t gemm_init(int *max_ctas) {
                                          (int)GEMM_SMEM_BYTES);
     if (e != cudaSuccess) return e;
   }
-  cudaLaunchAttribute attr;
-  cudaLaunchConfig_t cfg = launch_config(GEMM_CLUSTER, 0, &attr);
-  int clusters = 0;
-  cudaError_t e = cudaOccupancyMaxActiveClusters(&clusters, (const void *)gemm_fns[0], &cfg);
-  if (e != cudaSuccess) return e;
-  *max_ctas = GEMM_CLUSTER * clusters;
+  for (int i = 0; i < 3; i++) {
+    cudaLaunchAttribute attr;
+    cudaLaunchConfig_t cfg = launch_config(1 << i, 1 << i, 0, &attr);
+    int clusters = 0;
+    cudaError_t e = cudaOccupancyMaxActiveClusters(&clusters, (const void *)gemm_fns[0], &cfg);
+    if (e != cudaSuccess) return e;
+    max_ctas[i] = clusters << i;
+  }
   return cudaSuccess;
 }
 
 static int ceil_div(int a, int b) { return (a + b - 1) / b; }
 
 cudaError_t gemm_launch(gemm_kind kind, const gemm_args *g, int max_ctas, cudaStream_t stream) {
-  const int C = GEMM_CLUSTER;
-  const int mb = ceil_div(g->m_tiles_max, GEMM_CM);
-  int blocks; /* blocks of GEMM_CM x GEMM_CN tiles, one per cluster at a time */
+  const int C = g->cm * g->cn;
+  const int mb = ceil_div(g->m_tiles_max, g->cm);
+  int blocks; /* blocks of cm x cn tiles, one per cluster at a time */
   switch (kind) {
-    case GEMM_FWD_GATEUP:
-      blocks = mb * ceil_div(ceil_div(g->n, GEMM_BN_GATEUP), GEMM_CN);
-      break;
-    case GEMM_WGRAD:
-      blocks = g->experts * mb * ceil_div(ceil_div(g->n, GEMM_BN), GEMM_CN);
-      break;
-    default: blocks = mb * ceil_div(ceil_div(g->n, GEMM_BN), GEMM_CN); break;
+    case GEMM_FWD_GATEUP: blocks = mb * ceil_div(ceil_div(g->n, GEMM_BN_GATEUP), g->cn); break;
+    case GEMM_WGRAD: blocks = g->experts * mb * ceil_div(ceil_div(g->n, GEMM_BN), g->cn); break;
+    default: blocks = mb * ceil_div(ceil_div(g->n, GEMM_BN), g->cn); break;
   }
   int ctas = C * blocks < max_ctas ? C * blocks : max_ctas;
   if (ctas < C) ctas = C;
   cudaLaunchAttribute attr;
-  cudaLaunchConfig_t cfg = launch_config(ctas, stream, &attr);
+  cudaLaunchConfig_t cfg = launch_config(ctas, C, stream, &attr);
   return cudaLaunchKernelEx(&cfg, gemm_fns[kind], *g);
 }

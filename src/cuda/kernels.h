@@ -72,17 +72,6 @@ cudaError_t ep_barrier_launch(const ep_table *tb, int rank, int ranks, int when,
 #define GEMM_STAGES 4
 #define GEMM_THREADS 384 /* producer warpgroup + two consumer warpgroups */
 #define GEMM_BN_GATEUP 128 /* gate/up forward: output columns of a tile (128 gate + 128 up) */
-/* A cluster takes GEMM_CM x GEMM_CN tiles (gemm.cuh): the GEMM_CM tiles of one N column share
- * (multicast) their B tile, the GEMM_CN tiles of one M row their A tile; each 1 or 2 (measured in
- * DESIGN §2.2). A K-major A tile is loaded in GEMM_CN boxes of GEMM_A_BOX_ROWS rows. */
-#ifndef GEMM_CM
-#define GEMM_CM 2
-#endif
-#ifndef GEMM_CN
-#define GEMM_CN 2
-#endif
-#define GEMM_CLUSTER (GEMM_CM * GEMM_CN)
-#define GEMM_A_BOX_ROWS (GEMM_BM / GEMM_CN)
 typedef enum gemm_kind {
   GEMM_FWD_GATEUP,    /* gu, hw <- A x [gate | up]^T, SwiGLU epilogue */
   GEMM_FWD_DOWN,      /* slot rows (or fp32 rows) <- A x W_down^T */
@@ -97,6 +86,10 @@ typedef struct gemm_args {
   CUtensorMap a;   /* A operand */
   CUtensorMap b0;  /* B operand (gate weights for the gate/up kernels) */
   CUtensorMap b1;  /* up weights for the gate/up kernels; unused otherwise */
+  int cm, cn;      /* cluster shape: cm x cn CTAs take as many tiles; the cm tiles of an N column
+                    * share (multicast) B, the cn tiles of an M row share A (gemm.cuh). Each 1 or
+                    * 2, chosen per launch (backend.cu). A K-major A map has boxes of 128 / cn
+                    * rows. */
 
   /* Tile space. Row-grouped kernels: M = routed rows grouped by expert (offsets, mblock_expert
    * from the schedule), or a plain T rows (offsets == NULL: one expert, m_tiles_max tiles).
@@ -129,9 +122,9 @@ typedef struct gemm_args {
 } gemm_args;
 
 /* Once per device, before any launch and outside graph capture: sets the kernels' attributes and
- * gives the most CTAs (clusters of GEMM_CLUSTER, one CTA per SM) that can be resident at once. */
-cudaError_t gemm_init(int *max_ctas);
-/* Launches on at most `ctas` CTAs (a multiple of GEMM_CLUSTER); the grid never changes a bit. */
+ * gives, for clusters of 1, 2 and 4 CTAs (one CTA per SM), the most CTAs resident at once. */
+cudaError_t gemm_init(int max_ctas[3]);
+/* Launches on at most `ctas` CTAs (a multiple of cm x cn); the grid never changes a bit. */
 cudaError_t gemm_launch(gemm_kind kind, const gemm_args *g, int ctas, cudaStream_t stream);
 
 /* ---- tensor maps (tma.cu) ------------------------------------------------------------------- */

@@ -19,7 +19,7 @@ static void *dev_copy(const void *host, size_t bytes) {
   return p;
 }
 
-int gpu_init(gpu_layer *d, const harness *h, int64_t T, int sms) {
+int gpu_init(gpu_layer *d, const harness *h, int64_t T, const mok_context_config *knobs) {
   memset(d, 0, sizeof *d);
   const mok_shape *s = &h->L.shape;
   const int64_t H = s->hidden, k = s->top_k;
@@ -27,7 +27,10 @@ int gpu_init(gpu_layer *d, const harness *h, int64_t T, int sms) {
   d->src = h;
   mok_context_config cfg = MOK_CONTEXT_CONFIG_INIT;
   cfg.backend = MOK_BACKEND_CUDA;
-  cfg.sms = sms;
+  if (knobs) {
+    cfg.sms = knobs->sms;
+    cfg.cluster_m = knobs->cluster_m, cfg.cluster_n = knobs->cluster_n;
+  }
   CHECK_OK(mok_context_create(&cfg, &d->ctx));
   if (!d->ctx) return 0;
   CHECK_OK(mok_workspace_create(d->ctx, s, &d->ws));

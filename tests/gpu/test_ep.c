@@ -159,7 +159,7 @@ static void d4_and_reference(void) {
     return;
   CHECK_OK(harness_run(&ref, MOK_GRAD_WRITE_BF16));
   gpu_layer d;
-  if (gpu_init(&d, &ref, 256, 0)) {
+  if (gpu_init(&d, &ref, 256, NULL)) {
     gpu_poison(&d, 0xff);
     CHECK_OK(gpu_run(&d, MOK_GRAD_WRITE_BF16, 0));
     CHECK_OK(mok_check(d.ws, 0));
@@ -223,7 +223,7 @@ static void failures_untouched(void) {
     return;
   harness_poison(&poison, 0xa5);
   gpu_layer d;
-  if (gpu_init(&d, &h, 256, 0)) {
+  if (gpu_init(&d, &h, 256, NULL)) {
     gsetup s;
     /* A rank that never calls: the other times out, and the group stays failed. */
     gpu_poison(&d, 0xa5);
@@ -277,7 +277,7 @@ static void graph_replay(void) {
       !harness_init(&got, &ep_shape, 256, 23, 0))
     return;
   gpu_layer d;
-  if (gpu_init(&d, &h, 256, 0)) {
+  if (gpu_init(&d, &h, 256, NULL)) {
     CHECK_OK(gpu_run(&d, MOK_GRAD_WRITE_BF16, 0));
     CHECK_OK(mok_check(d.ws, 0));
     gpu_fetch(&d, &one);

@@ -115,9 +115,9 @@ static void compare_bits(const char *tag, const harness *a, const harness *b, mo
 }
 
 /* Runs the layer on the CPU (into ref) and the GPU (into out), both from poisoned outputs. */
-static void run_both(harness *ref, harness *out, mok_grad_mode mode, int sms) {
+static void run_both(harness *ref, harness *out, mok_grad_mode mode) {
   gpu_layer d;
-  if (!gpu_init(&d, ref, ref->T, sms)) {
+  if (!gpu_init(&d, ref, ref->T, NULL)) {
     gpu_fini(&d);
     return;
   }
@@ -156,7 +156,7 @@ static void layer_vs_cpu(void) {
         snprintf(tag, sizeof tag, "T%lld H%lld I%lld Is%lld E%d k%d %s", (long long)sc->T,
                  (long long)sc->H, (long long)sc->I, (long long)sc->Is, sc->E, sc->k,
                  m ? "f32acc" : "bf16");
-        run_both(&ref, &out, mode, 0);
+        run_both(&ref, &out, mode);
         compare_schedule(tag, &out, &ref);
         compare_outputs(tag, &out, &ref, mode);
       }
@@ -183,7 +183,7 @@ static void routing_edges(void) {
         }
       char tag[32];
       snprintf(tag, sizeof tag, "routing variant %d", variant);
-      run_both(&ref, &out, MOK_GRAD_WRITE_BF16, 0);
+      run_both(&ref, &out, MOK_GRAD_WRITE_BF16);
       compare_schedule(tag, &out, &ref);
       compare_outputs(tag, &out, &ref, MOK_GRAD_WRITE_BF16);
     }
@@ -217,7 +217,7 @@ static void design_shapes_vs_ref64(void) {
       continue;
     }
     gpu_layer d;
-    if (gpu_init(&d, &out, T, 0)) {
+    if (gpu_init(&d, &out, T, NULL)) {
       gpu_poison(&d, 0xff);
       CHECK_OK(gpu_run(&d, MOK_GRAD_WRITE_BF16, 0));
       gpu_fetch(&d, &out);
@@ -269,10 +269,11 @@ static void design_shapes_vs_ref64(void) {
   }
 }
 
-/* Runs the GPU layer on h's inputs with `sms` multiprocessors into `out`. */
-static void gpu_once(harness *h, harness *out, int sms, mok_grad_mode mode) {
+/* Runs the GPU layer on h's inputs with the tuning knobs of `knobs` (NULL: defaults) into `out`. */
+static void gpu_once(harness *h, harness *out, const mok_context_config *knobs,
+                     mok_grad_mode mode) {
   gpu_layer d;
-  if (gpu_init(&d, h, h->T, sms)) {
+  if (gpu_init(&d, h, h->T, knobs)) {
     gpu_poison(&d, 0xff);
     if (mode == MOK_GRAD_ACCUMULATE_F32) gpu_set_grads(&d, h);
     CHECK_OK(gpu_run(&d, mode, 0));
@@ -281,24 +282,31 @@ static void gpu_once(harness *h, harness *out, int sms, mok_grad_mode mode) {
   gpu_fini(&d);
 }
 
-/* D1: three runs give the same bits; D2: so does every grid size. */
+/* D1: three runs give the same bits; D2: so does every grid size and cluster shape. About 130
+ * rows per expert make segments of one and of two M tiles, so a cluster's M tiles may belong to
+ * two experts (B not shared); the shared expert has 5 M tiles and gate/up forward 3 N tiles of
+ * 128, so clusters of two along M or N have phantom CTAs. */
 static void repeat_and_knobs(void) {
-  mok_shape s = shape_of(700, 512, 384, 256, 16, 4);
+  mok_shape s = shape_of(520, 512, 384, 256, 16, 4);
   harness h, a, b;
-  if (harness_init(&h, &s, 700, 42, 0) && harness_init(&a, &s, 700, 42, 0) &&
-      harness_init(&b, &s, 700, 42, 0)) {
+  if (harness_init(&h, &s, 520, 42, 0) && harness_init(&a, &s, 520, 42, 0) &&
+      harness_init(&b, &s, 520, 42, 0)) {
     fill_grads(&h);
-    gpu_once(&h, &a, 0, MOK_GRAD_ACCUMULATE_F32);
+    gpu_once(&h, &a, NULL, MOK_GRAD_ACCUMULATE_F32);
     for (int r = 0; r < 2; r++) {
-      gpu_once(&h, &b, 0, MOK_GRAD_ACCUMULATE_F32);
+      gpu_once(&h, &b, NULL, MOK_GRAD_ACCUMULATE_F32);
       compare_bits("D1 repeat", &b, &a, MOK_GRAD_ACCUMULATE_F32);
       same_bits("D1 saved", b.saved, a.saved, a.saved_bytes);
     }
-    const int sms[] = {97, 33, 8, 1};
-    for (size_t i = 0; i < sizeof sms / sizeof sms[0]; i++) {
-      char tag[32];
-      snprintf(tag, sizeof tag, "D2 sms=%d", sms[i]);
-      gpu_once(&h, &b, sms[i], MOK_GRAD_ACCUMULATE_F32);
+    const int knobs[][3] = {/* sms, cluster m x n */
+                            {97, 0, 0}, {33, 0, 0}, {8, 0, 0}, {1, 0, 0}, {0, 1, 1},
+                            {0, 2, 1}, {0, 1, 2}, {0, 2, 2}, {33, 2, 2}, {1, 2, 2}};
+    for (size_t i = 0; i < sizeof knobs / sizeof knobs[0]; i++) {
+      mok_context_config k = MOK_CONTEXT_CONFIG_INIT;
+      k.sms = knobs[i][0], k.cluster_m = knobs[i][1], k.cluster_n = knobs[i][2];
+      char tag[48];
+      snprintf(tag, sizeof tag, "D2 sms=%d cluster=%dx%d", k.sms, k.cluster_m, k.cluster_n);
+      gpu_once(&h, &b, &k, MOK_GRAD_ACCUMULATE_F32);
       compare_bits(tag, &b, &a, MOK_GRAD_ACCUMULATE_F32);
     }
   }
@@ -322,8 +330,8 @@ static void batch_subsets(void) {
       memcpy(sub.L.topk_ids + i * k, full.L.topk_ids + t * k, (size_t)k * 4);
       memcpy(sub.L.topk_weights + i * k, full.L.topk_weights + t * k, (size_t)k * 4);
     }
-    gpu_once(&full, &fo, 0, MOK_GRAD_WRITE_BF16);
-    gpu_once(&sub, &so, 0, MOK_GRAD_WRITE_BF16);
+    gpu_once(&full, &fo, NULL, MOK_GRAD_WRITE_BF16);
+    gpu_once(&sub, &so, NULL, MOK_GRAD_WRITE_BF16);
     for (int64_t i = 0; i < Ts; i++) {
       int64_t t = 3 * (i + 1);
       char tag[64];
@@ -379,7 +387,7 @@ static void bad_expert_id(void) {
     for (int v = 0; v < 2; v++) {
       h.L.topk_ids[17] = bad[v];
       gpu_layer d;
-      if (gpu_init(&d, &h, 200, 0)) {
+      if (gpu_init(&d, &h, 200, NULL)) {
         failing_call_untouched(&d, &out, &poison, MOK_ERR_EXPERT_ID, "a bad id");
         h.L.topk_ids[17] = 1;
         good_call_after(&d, &h, &out, 200, 2);
@@ -404,7 +412,7 @@ static void capacity_overflow_untouched(void) {
     /* Random routing spreads 400 rows over the 8 experts, at least 6 of them non-empty: 768 or
      * more rows with padding, against 640. */
     gpu_layer d;
-    if (gpu_init(&d, &h, 200, 0)) {
+    if (gpu_init(&d, &h, 200, NULL)) {
       failing_call_untouched(&d, &out, &poison, MOK_ERR_CAPACITY, "over capacity");
       /* Every token to experts 0 and 1: 2 x 200 rows, 512 with padding, fit. */
       for (int t = 0; t < 200; t++) h.L.topk_ids[2 * t] = 0, h.L.topk_ids[2 * t + 1] = 1;
@@ -423,7 +431,7 @@ static void host_pointer_refused(void) {
   harness h;
   if (harness_init(&h, &s, 64, 3, 0)) {
     gpu_layer d;
-    if (gpu_init(&d, &h, 64, 0)) {
+    if (gpu_init(&d, &h, 64, NULL)) {
       mok_forward_args f = gpu_forward_args(&d);
       f.x = h.L.x;
       mok_status st = mok_forward(d.ws, &f, 0);
@@ -443,7 +451,7 @@ static void recompute_matches_forward(void) {
   if (harness_init(&h, &s, 333, 11, 0) && harness_init(&a, &s, 333, 11, 0) &&
       harness_init(&b, &s, 333, 11, 0)) {
     gpu_layer d;
-    if (gpu_init(&d, &h, 333, 0)) {
+    if (gpu_init(&d, &h, 333, NULL)) {
       gpu_poison(&d, 0xff);
       CHECK_OK(gpu_run(&d, MOK_GRAD_WRITE_BF16, 0));
       gpu_fetch(&d, &a);
@@ -476,7 +484,7 @@ static void graph_replay(void) {
   if (harness_init(&h, &s, 400, 21, 0) && harness_init(&eager, &s, 400, 21, 0) &&
       harness_init(&replay, &s, 400, 21, 0)) {
     gpu_layer d;
-    if (gpu_init(&d, &h, 400, 0)) {
+    if (gpu_init(&d, &h, 400, NULL)) {
       cudaStream_t st;
       CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
       CHECK_OK(gpu_run(&d, MOK_GRAD_WRITE_BF16, st));

@@ -55,7 +55,7 @@ static void one_rank_same_bits(void) {
       !harness_init(&got, &nccl_shape, 256, 31, 0))
     return;
   gpu_layer d;
-  if (gpu_init(&d, &h, 256, 0)) {
+  if (gpu_init(&d, &h, 256, NULL)) {
     gpu_poison(&d, 0xff);
     CHECK_OK(gpu_run(&d, MOK_GRAD_WRITE_BF16, 0));
     CHECK_OK(mok_check(d.ws, 0));
