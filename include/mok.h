@@ -118,13 +118,13 @@ typedef struct mok_context_config {
   int threads;  /* CPU backend worker threads; 0 = all cores */
   int sms;      /* CUDA: multiprocessors the persistent kernels spread over; 0 = all.
                  * A tuning knob: it never changes a bit of any result (DESIGN §3, D2). */
-  int cluster_m, cluster_n; /* CUDA: every GEMM in clusters of cluster_m x cluster_n CTAs (each
-                 * 1 or 2: the CTAs of an output column share B, those of a row share A); 0, 0 =
-                 * chosen per product (DESIGN §2.2). A tuning knob: it never changes a bit. */
+  int cluster;  /* CUDA: CTAs per cluster of every GEMM: 2 (2 x 1 output tiles, which share their
+                 * B tile) or 4 (2 x 2 tiles, which also share A); 0 = chosen per product
+                 * (DESIGN §2.2). A tuning knob: it never changes a bit of any result. */
   mok_ep_group *group; /* the EP group (its size is ep_size); NULL when ep_size = 1, or an
                         * NCCL group of one rank */
 } mok_context_config;
-#define MOK_CONTEXT_CONFIG_INIT {MOK_BACKEND_CPU, 0, 0, 1, 0, 0, 0, 0, NULL}
+#define MOK_CONTEXT_CONFIG_INIT {MOK_BACKEND_CPU, 0, 0, 1, 0, 0, 0, NULL}
 
 mok_status mok_context_create(const mok_context_config *cfg, mok_context **out);
 void mok_context_destroy(mok_context *ctx); /* accepts NULL */

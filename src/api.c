@@ -46,11 +46,8 @@ mok_status mok_context_create(const mok_context_config *cfg, mok_context **out) 
             "ep_rank is %d; expected 0 <= ep_rank < ep_size (%d)", cfg->ep_rank, cfg->ep_size);
   CHECK_ARG(cfg->threads >= 0, "threads is %d; expected >= 0 (0 = all cores)", cfg->threads);
   CHECK_ARG(cfg->sms >= 0, "sms is %d; expected >= 0 (0 = all multiprocessors)", cfg->sms);
-  CHECK_ARG((cfg->cluster_m == 0 && cfg->cluster_n == 0) ||
-                (cfg->cluster_m >= 1 && cfg->cluster_m <= 2 && cfg->cluster_n >= 1 &&
-                 cfg->cluster_n <= 2),
-            "cluster is %d x %d; expected 0 x 0 (chosen per product) or each of m, n 1 or 2",
-            cfg->cluster_m, cfg->cluster_n);
+  CHECK_ARG(cfg->cluster == 0 || cfg->cluster == 2 || cfg->cluster == 4,
+            "cluster is %d; expected 2, 4 or 0 (chosen per product)", cfg->cluster);
   if (cfg->ep_size > 1 || cfg->group) {
     CHECK_ARG(cfg->group != NULL,
               "ep_size is %d but group is NULL; expected an EP group of ep_size ranks "

@@ -120,8 +120,8 @@ struct mok_context {
   mok_context_config cfg;
   const struct mok_backend_ops *ops;
   int sm_count;  /* CUDA: multiprocessors the kernels may use (cfg.sms or all) */
-  int gemm_ctas[3]; /* CUDA: CTAs of the persistent GEMMs in clusters of 1, 2, 4: a multiple of
-                     * the cluster, at most sm_count, all resident at once */
+  int gemm_ctas[2]; /* CUDA: CTAs of the persistent GEMMs in clusters of 2 x cn CTAs, [cn - 1]: a
+                     * multiple of the cluster, at most sm_count, all resident at once */
 };
 
 struct mok_workspace {

@@ -45,11 +45,11 @@ static void context_arguments(void) {
   EXPECT_FAIL(mok_context_create(&bad, &ctx), MOK_ERR_INVALID_ARG, "ep_rank", ctx);
   bad = cfg, bad.threads = -1;
   EXPECT_FAIL(mok_context_create(&bad, &ctx), MOK_ERR_INVALID_ARG, "threads", ctx);
-  bad = cfg, bad.cluster_m = 2; /* n left 0 */
-  EXPECT_FAIL(mok_context_create(&bad, &ctx), MOK_ERR_INVALID_ARG, "cluster is 2 x 0", ctx);
-  bad = cfg, bad.cluster_m = 4, bad.cluster_n = 1;
-  EXPECT_FAIL(mok_context_create(&bad, &ctx), MOK_ERR_INVALID_ARG, "cluster is 4 x 1", ctx);
-  bad = cfg, bad.cluster_m = 1, bad.cluster_n = 2; /* valid: the CPU backend ignores it */
+  bad = cfg, bad.cluster = 1;
+  EXPECT_FAIL(mok_context_create(&bad, &ctx), MOK_ERR_INVALID_ARG, "cluster is 1", ctx);
+  bad = cfg, bad.cluster = 8;
+  EXPECT_FAIL(mok_context_create(&bad, &ctx), MOK_ERR_INVALID_ARG, "cluster is 8", ctx);
+  bad = cfg, bad.cluster = 4; /* valid: the CPU backend ignores it */
   CHECK_OK(mok_context_create(&bad, &ctx));
   mok_context_destroy(ctx);
   bad = cfg, bad.ep_size = 2, bad.ep_rank = 1; /* no group to go with it */

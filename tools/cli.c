@@ -164,16 +164,9 @@ static int apply(cli_options *o, opt_id id, const char *name, const char *v, cha
         return fail(err, len, "--tol '%s': expected a number > 0, e.g. 1e-2", v);
       return 0;
     case OPT_CLUSTER:
-      if (strcmp(v, "auto") == 0) {
-        o->cluster_m = o->cluster_n = 0;
-        return 0;
-      }
-      if (strlen(v) != 3 || (v[0] != '1' && v[0] != '2') || v[1] != 'x' ||
-          (v[2] != '1' && v[2] != '2'))
-        return fail(err, len, "--cluster '%s': expected auto or MxN with M, N 1 or 2, e.g. 2x2",
-                    v);
-      o->cluster_m = v[0] - '0';
-      o->cluster_n = v[2] - '0';
+      if (strcmp(v, "auto") == 0) o->cluster = 0;
+      else if (strcmp(v, "2") == 0 || strcmp(v, "4") == 0) o->cluster = v[0] - '0';
+      else return fail(err, len, "--cluster '%s': expected 2, 4 or auto", v);
       return 0;
     case OPT_JSON: o->json = v; return 0;
     case OPT_DEVICE: return set_int(&o->device, name, v, 0, err, len);

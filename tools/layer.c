@@ -143,7 +143,7 @@ int tool_layer_create(tool_layer *L, const cli_options *o) {
   cfg.device = o->device;
   cfg.threads = o->threads;
   cfg.sms = o->sms;
-  cfg.cluster_m = o->cluster_m, cfg.cluster_n = o->cluster_n;
+  cfg.cluster = o->cluster;
   mok_status st = mok_context_create(&cfg, &L->ctx);
   if (st != MOK_OK) {
     tool_mok_error("mok_context_create", st);

@@ -59,9 +59,9 @@ static void layer_options_help(void) {
       "  --threads N       CPU worker threads, 0 = all cores (default 0)\n"
       "  --sms N           CUDA multiprocessors the kernels spread over, 0 = all (default 0);\n"
       "                    a tuning knob that never changes a bit of the results\n"
-      "  --cluster MxN     CUDA: every GEMM in clusters of M x N CTAs (M, N 1 or 2: the CTAs\n"
-      "                    of an output column share B, those of a row share A), or auto:\n"
-      "                    chosen per product (default auto); a tuning knob like --sms\n"
+      "  --cluster C       CUDA: every GEMM in clusters of C CTAs, 2 (2 x 1 output tiles\n"
+      "                    that share B) or 4 (2 x 2, which also share A), or auto: chosen\n"
+      "                    per product (default auto); a tuning knob like --sms\n"
       "  --seed S          seed of the random inputs: the same seed gives the same inputs on\n"
       "                    every backend (default 1)\n"
       "  --grad-mode M     bf16: weight gradients written as bf16; f32: added to fp32 main-grad\n"
@@ -195,8 +195,7 @@ static void print_header(const char *cmd, const cli_options *o) {
            p.multiProcessorCount);
   else
     printf("cuda (device %d)", o->device);
-  if (o->backend == MOK_BACKEND_CUDA && o->cluster_m)
-    printf(", clusters %dx%d", o->cluster_m, o->cluster_n);
+  if (o->backend == MOK_BACKEND_CUDA && o->cluster) printf(", clusters of %d", o->cluster);
   printf(", seed %llu, grad-mode %s\n", (unsigned long long)o->seed,
          o->grad_mode == MOK_GRAD_ACCUMULATE_F32 ? "f32" : "bf16");
   fflush(stdout);
@@ -313,8 +312,8 @@ static int write_json(const cli_options *o, double flops, stats f, stats b, cons
                  : cudaGetDeviceProperties(&p, o->device) == cudaSuccess ? p.name : "unknown");
   fprintf(j, ", \"threads\": %d, \"sms\": %d, \"cluster\": ",
           cuda ? 0 : o->threads ? o->threads : omp_get_max_threads(), cuda ? o->sms : 0);
-  if (cuda && o->cluster_m) fprintf(j, "\"%dx%d\"", o->cluster_m, o->cluster_n);
-  else fprintf(j, "\"%s\"", cuda ? "auto" : "none");
+  if (cuda && o->cluster) fprintf(j, "%d", o->cluster);
+  else fprintf(j, "%s", cuda ? "\"auto\"" : "null");
   fprintf(j, ", \"seed\": %llu,\n", (unsigned long long)o->seed);
   fprintf(j, "  \"grad_mode\": \"%s\", \"ep\": %d, \"warmup\": %d, \"repeat\": %d,\n",
           o->grad_mode == MOK_GRAD_ACCUMULATE_F32 ? "f32" : "bf16", o->ep, o->warmup, o->repeat);

@@ -62,8 +62,7 @@ STATUS = {
 # ---- structs (field order and types exactly as in mok.h) ----------------------------------------
 class ContextConfig(ctypes.Structure):
     _fields_ = [("backend", c_int), ("device", c_int), ("ep_rank", c_int), ("ep_size", c_int),
-                ("threads", c_int), ("sms", c_int), ("cluster_m", c_int), ("cluster_n", c_int),
-                ("group", c_void_p)]
+                ("threads", c_int), ("sms", c_int), ("cluster", c_int), ("group", c_void_p)]
 
 
 class Shape(ctypes.Structure):

@@ -79,7 +79,7 @@ static mok_status cuda_context_init(mok_context *ctx) {
   if (tma_init() != 0)
     return mok_fail(MOK_ERR_UNSUPPORTED, "the CUDA driver has no cuTensorMapEncodeTiled (need 12.0+)");
   device_guard g;
-  int max_ctas[3] = {0, 0, 0};
+  int max_ctas[2] = {0, 0};
   TRY(device_enter(ctx, &g));
   cudaError_t e = gemm_init(max_ctas);
   if (e == cudaSuccess) e = ep_preload();
@@ -90,15 +90,16 @@ static mok_status cuda_context_init(mok_context *ctx) {
   ctx->sm_count = p.multiProcessorCount;
   if (ctx->cfg.sms > 0 && ctx->cfg.sms < ctx->sm_count) ctx->sm_count = ctx->cfg.sms;
   /* Emulated ranks share this GPU. A persistent GEMM needs all its CTAs resident at once, and a
-   * rank waiting at a barrier holds part of an SM until its peers arrive: with every rank's GEMM
-   * asking for every SM, a peer's GEMM could wait for its last CTA forever. So each rank's GEMMs
-   * get an equal share of the SMs left over when every rank holds one. */
+   * rank waiting at a barrier holds an SM until its peers arrive: with every rank's GEMM asking
+   * for every SM, a peer's GEMM could wait for its last CTA forever. So each rank's GEMMs get an
+   * equal share of the clusters left when every rank's barrier spoils one cluster's place (a
+   * cluster must fit in one GPC: 4 ranks' GEMMs of 8 clusters of 4 each hung on the H200). */
   const int R = ctx->cfg.group && !ctx->cfg.group->nccl ? ctx->cfg.ep_size : 0;
-  for (int i = 0; i < 3; i++) {
-    const int C = 1 << i;
-    int n = ctx->sm_count < max_ctas[i] ? ctx->sm_count : max_ctas[i];
-    if (R) n = n < (ctx->sm_count - R) / R ? n : (ctx->sm_count - R) / R;
-    ctx->gemm_ctas[i] = n < C ? C : n / C * C;
+  for (int i = 0; i < 2; i++) {
+    const int C = GEMM_CM * (i + 1);
+    int n = (ctx->sm_count < max_ctas[i] ? ctx->sm_count : max_ctas[i]) / C;
+    if (R) n = (n - R) / R;
+    ctx->gemm_ctas[i] = n < 1 ? C : n * C;
   }
   return MOK_OK;
 }
@@ -447,24 +448,20 @@ static mok_status map3(CUtensorMap *m, const void *p, int64_t b, int64_t rows, i
   return MOK_OK;
 }
 
-/* The cluster shape of a product (gemm.cuh): the context's knob, or chosen from the tile space
- * as measured (DESIGN §2.2). Sets g->cm, g->cn from g's tile space (m_tiles_max, n, k). */
+/* The cluster shape of a product (gemm.cuh): the context's knob, or chosen here. Clusters of
+ * 2 x 2 CTAs move a quarter less data from L2 to the SMs than 2 x 1, but only 30 of them fit on
+ * an H200 (120 CTAs), and a product with an odd number of N tiles leaves a CTA of the last
+ * cluster of each row idle. Measured (DESIGN §2.2): 2 x 2 wins the backward products of the large
+ * shapes and loses the forward ones. Sets g->cn from g's tile space. */
 static void cluster_shape(const call *c, gemm_kind kind, gemm_args *g) {
-  const mok_context_config *cfg = &c->ws->ctx->cfg;
-  if (cfg->cluster_m) {
-    g->cm = cfg->cluster_m;
-    g->cn = cfg->cluster_n;
-    return;
-  }
-  const int backward = kind == GEMM_DGRAD_DOWN || kind == GEMM_DGRAD_GATEUP || kind == GEMM_WGRAD;
+  const int knob = c->ws->ctx->cfg.cluster;
   const int n_tiles = (g->n + GEMM_BN - 1) / GEMM_BN;
-  g->cm = 2;
-  g->cn = backward && n_tiles % 2 == 0 ? 2 : 1;
+  if (knob) g->cn = knob / GEMM_CM;
+  else g->cn = kind != GEMM_FWD_GATEUP && kind != GEMM_FWD_DOWN && n_tiles % 2 == 0 ? 2 : 1;
 }
 
 static mok_status run(const call *c, gemm_kind kind, const gemm_args *g, const char *what) {
-  const int *ctas = c->ws->ctx->gemm_ctas;
-  cudaError_t e = gemm_launch(kind, g, ctas[g->cm * g->cn / 2], c->stream);
+  cudaError_t e = gemm_launch(kind, g, c->ws->ctx->gemm_ctas[g->cn - 1], c->stream);
   return e == cudaSuccess ? MOK_OK : cuda_fail(e, what);
 }
 

@@ -7,16 +7,18 @@
  * Warpgroup 0 produces (one thread issues TMA loads), warpgroups 1 and 2 consume: each computes
  * 64 rows x 256 columns with wgmma m64n256k16, 128 fp32 accumulators per thread.
  *
- * Clusters of cm x cn CTAs (gemm_args; each 1 or 2, chosen per launch) take blocks of as many
- * tiles: the cm tiles of one N column (128-row halves of a 256-row block) need the same B tile
- * when their rows belong to the same expert, and the cn tiles of one M row always need the same A
- * tile. Each CTA's producer loads its part of a shared tile and multicasts it to the CTAs that
- * share it, which cuts L2 -> SM traffic per FLOP (by a third at 2 x 1 or 1 x 2, by half at
- * 2 x 2). A stage may be refilled only when the consumers of every CTA of the cluster have
- * released it, so every consumer releases its stage in all of them (empty barriers count cm x cn
- * CTAs x 2 warpgroups), and the CTAs walk their pipelines in lockstep: a CTA without a tile of
- * its own (an odd last M or N tile) runs the k-loop as a "phantom", taking part in the barriers
- * but loading and computing nothing, and its neighbours load their tiles whole.
+ * Clusters of 2 x cn CTAs (cn = 1 or 2: each kernel is compiled for both, and the host picks
+ * one per product) take blocks of as many tiles: the two tiles of one N column (128-row halves
+ * of a 256-row block) need the same B tile when their rows belong to the same expert, and the cn
+ * tiles of one M row always need the same A tile. Each CTA's producer loads its part of a shared
+ * tile and multicasts it to the CTAs that share it, which cuts L2 -> SM traffic per FLOP (by a
+ * third at 2 x 1, by half at 2 x 2). A stage may be refilled only when the consumers of every CTA
+ * of the cluster have released it, so every consumer releases its stage in all of them (empty
+ * barriers count 2 cn CTAs x 2 warpgroups), and the CTAs walk their pipelines in lockstep: a CTA
+ * without a tile of its own (an odd last M or N tile) runs the k-loop as a "phantom", taking
+ * part in the barriers but loading and computing nothing, and its neighbours load their tiles
+ * whole. The cluster shape is a compile-time constant: read from the arguments at run time
+ * instead, the same kernels ran 14 % (2 x 1) and 35 % (2 x 2) slower (perf-log 2026-12-03).
  *
  * Shared memory (gemm_smem) is 128B-swizzled, as TMA writes it and wgmma reads it:
  *   A, K-major:  [128 rows][64 k]           (cn boxes, one per CTA of the M row)
@@ -52,33 +54,24 @@ typedef struct gemm_smem {
 #define GEMM_SMEM_BYTES (sizeof(gemm_smem) + 1024)
 
 /* ---- tile scheduling ------------------------------------------------------------------------ */
-/* A cluster of g->cm x g->cn CTAs takes blocks of as many tiles: CTA rank r computes M tile
- * cm * mb + r % cm and N tile cn * nb + r / cm of block (mb, nb). cm and cn are 1 or 2. */
+/* A cluster of GEMM_CM x cn CTAs (cn = 1 or 2, a compile-time constant of each kernel) takes
+ * blocks of as many tiles: CTA rank r computes M tile 2 mb + r % 2 and N tile cn nb + r / 2 of
+ * block (mb, nb). */
 typedef struct gemm_tile {
   int m0, n0;   /* first output row and column of this CTA's tile */
   int expert;   /* local expert (0 for the shared expert) */
   int k_row0;   /* weight gradients: first row of the expert's K range */
   int k_blocks; /* number of BK-wide k-blocks (the same for every CTA of the block) */
   int valid;    /* 0: phantom, this CTA has no tile in the block */
-  int b_shared; /* the cm tiles of this CTA's N column exist and use the same B: multicast it */
-  int a_shared; /* the cn tiles of this CTA's M row exist: multicast A */
+  int b_shared; /* both tiles of this CTA's N column exist and use the same B: multicast it */
+  int a_shared; /* cn = 2 and both tiles of this CTA's M row exist: multicast A */
 } gemm_tile;
 
-MOK_DEV int cluster_size(const gemm_args *g) { return g->cm * g->cn; }
-/* cm, cn are 1 or 2: x / c is x >> (c - 1), with no integer division (a subroutine, and
- * registers that dgrad_down's epilogue does not have to spare). */
-MOK_DEV int div12(int x, int c) { return x >> (c - 1); }
-MOK_DEV int ceil12(int x, int c) { return (x + c - 1) >> (c - 1); }
-MOK_DEV int rank_m(const gemm_args *g, int rank) { return rank & (g->cm - 1); }
-MOK_DEV int rank_n(const gemm_args *g, int rank) { return div12(rank, g->cm); }
+MOK_DEV int rank_m(int rank) { return rank % GEMM_CM; }
+MOK_DEV int rank_n(int rank) { return rank / GEMM_CM; }
 /* The CTAs that receive this CTA's part of B (its N column) and of A (its M row). */
-MOK_DEV uint16_t b_mask(const gemm_args *g, int rank) {
-  return (uint16_t)(((1 << g->cm) - 1) << (g->cm * rank_n(g, rank)));
-}
-MOK_DEV uint16_t a_mask(const gemm_args *g, int rank) {
-  const int m = rank_m(g, rank);
-  return (uint16_t)((1 << m) | (g->cn == 2 ? 1 << (m + g->cm) : 0));
-}
+MOK_DEV uint16_t b_mask(int rank) { return (uint16_t)(3 << (GEMM_CM * rank_n(rank))); }
+MOK_DEV uint16_t a_mask(int rank) { return (uint16_t)(1 << rank_m(rank) | 1 << (rank_m(rank) + GEMM_CM)); }
 
 /* The order of the tiles: the CTAs running at one time should share their operands in L2. Going
  * along N first, 132 CTAs would cover one or two M tiles of a wide product (mixtral's gate/up has
@@ -87,8 +80,8 @@ MOK_DEV uint16_t a_mask(const gemm_args *g, int rank) {
  * each B tile is read once per group. Block q of a space of mb_count x nb_count blocks is
  * (mb, nb). */
 #define TILE_GROUP 16
-MOK_DEV void tile_order(int q, int cm, int mb_count, int nb_count, int *mb, int *nb) {
-  const int gp = div12(TILE_GROUP, cm);       /* M blocks per group */
+MOK_DEV void tile_order(int q, int mb_count, int nb_count, int *mb, int *nb) {
+  const int gp = TILE_GROUP / GEMM_CM;        /* M blocks per group */
   const int first = q / (gp * nb_count) * gp; /* first M block of q's group */
   const int rows = min(gp, mb_count - first);
   const int r = q - first * nb_count;
@@ -103,50 +96,50 @@ MOK_DEV int rowgroup_m_tiles(const gemm_args *g) {
   return g->offsets ? g->offsets[g->experts] / GEMM_BM : g->m_tiles_max;
 }
 
-MOK_DEV int rowgroup_block_count(const gemm_args *g, int bn_out) {
-  return ceil12(rowgroup_m_tiles(g), g->cm) * ceil12(ceil_div_dev(g->n, bn_out), g->cn);
+MOK_DEV int rowgroup_block_count(const gemm_args *g, int bn_out, int cn) {
+  return ceil_div_dev(rowgroup_m_tiles(g), GEMM_CM) * ceil_div_dev(ceil_div_dev(g->n, bn_out), cn);
 }
 
-MOK_DEV gemm_tile rowgroup_tile(const gemm_args *g, int q, int bn_out, int rank) {
+MOK_DEV gemm_tile rowgroup_tile(const gemm_args *g, int q, int bn_out, int rank, int cn) {
   const int n_tiles = ceil_div_dev(g->n, bn_out), m_tiles = rowgroup_m_tiles(g);
   int mb, nb;
-  tile_order(q, g->cm, ceil12(m_tiles, g->cm), ceil12(n_tiles, g->cn), &mb, &nb);
-  const int m_first = g->cm * mb, mt = m_first + rank_m(g, rank);
-  const int n_first = g->cn * nb, nt = n_first + rank_n(g, rank);
+  tile_order(q, ceil_div_dev(m_tiles, GEMM_CM), ceil_div_dev(n_tiles, cn), &mb, &nb);
+  const int m_first = GEMM_CM * mb, mt = m_first + rank_m(rank);
+  const int n_first = cn * nb, nt = n_first + rank_n(rank);
   gemm_tile r;
   r.m0 = mt * GEMM_BM;
   r.n0 = nt * bn_out;
   r.valid = mt < m_tiles && nt < n_tiles;
-  int e0 = g->mblock_expert ? g->mblock_expert[m_first] : 0;
+  const int e0 = g->mblock_expert ? g->mblock_expert[m_first] : 0;
   int e1 = -1;
-  if (g->cm == 2 && m_first + 1 < m_tiles)
-    e1 = g->mblock_expert ? g->mblock_expert[m_first + 1] : 0;
-  r.b_shared = g->cm == 2 && e1 == e0 && nt < n_tiles;
-  r.a_shared = g->cn == 2 && n_first + 1 < n_tiles && mt < m_tiles;
-  r.expert = rank_m(g, rank) ? e1 : e0;
+  if (m_first + 1 < m_tiles) e1 = g->mblock_expert ? g->mblock_expert[m_first + 1] : 0;
+  r.b_shared = e1 == e0 && nt < n_tiles;
+  r.a_shared = cn == 2 && n_first + 1 < n_tiles && mt < m_tiles;
+  r.expert = rank_m(rank) ? e1 : e0;
   r.k_row0 = 0;
   r.k_blocks = g->k / GEMM_BK;
   return r;
 }
 
 /* Weight-gradient products: every expert has the same output tiles; K = its padded rows. */
-MOK_DEV int wgrad_block_count(const gemm_args *g) {
-  return g->experts * ceil12(g->m_tiles_max, g->cm) * ceil12(ceil_div_dev(g->n, GEMM_BN), g->cn);
+MOK_DEV int wgrad_block_count(const gemm_args *g, int cn) {
+  return g->experts * ceil_div_dev(g->m_tiles_max, GEMM_CM) *
+         ceil_div_dev(ceil_div_dev(g->n, GEMM_BN), cn);
 }
 
-MOK_DEV gemm_tile wgrad_tile(const gemm_args *g, int q, int rank) {
+MOK_DEV gemm_tile wgrad_tile(const gemm_args *g, int q, int rank, int cn) {
   const int n_tiles = ceil_div_dev(g->n, GEMM_BN), m_tiles = g->m_tiles_max;
-  const int mb_count = ceil12(m_tiles, g->cm), nb_count = ceil12(n_tiles, g->cn);
+  const int mb_count = ceil_div_dev(m_tiles, GEMM_CM), nb_count = ceil_div_dev(n_tiles, cn);
   gemm_tile r;
   r.expert = q / (mb_count * nb_count);
   int mb, nb;
-  tile_order(q - r.expert * mb_count * nb_count, g->cm, mb_count, nb_count, &mb, &nb);
-  const int mt = g->cm * mb + rank_m(g, rank), nt = g->cn * nb + rank_n(g, rank);
+  tile_order(q - r.expert * mb_count * nb_count, mb_count, nb_count, &mb, &nb);
+  const int mt = GEMM_CM * mb + rank_m(rank), nt = cn * nb + rank_n(rank);
   r.m0 = mt * GEMM_BM;
   r.n0 = nt * GEMM_BN;
   r.valid = mt < m_tiles && nt < n_tiles;
-  r.b_shared = g->cm == 2 && g->cm * mb + 1 < m_tiles && nt < n_tiles;
-  r.a_shared = g->cn == 2 && g->cn * nb + 1 < n_tiles && mt < m_tiles;
+  r.b_shared = GEMM_CM * mb + 1 < m_tiles && nt < n_tiles;
+  r.a_shared = cn == 2 && cn * nb + 1 < n_tiles && mt < m_tiles;
   if (g->offsets) {
     r.k_row0 = g->offsets[r.expert];
     r.k_blocks = (g->offsets[r.expert + 1] - r.k_row0) / GEMM_BK;
@@ -174,22 +167,20 @@ MOK_DEV void acc_fence(float *d) {
   for (int i = 0; i < 128; i++) fence_operand(d[i]);
 }
 
-/* One thread per consumer warpgroup frees stage s in every CTA of the cluster. */
-MOK_DEV void stage_release(gemm_smem *sm, int s) {
+/* One thread per consumer warpgroup frees stage s in every CTA of the cluster (`ctas`, a
+ * compile-time constant). */
+MOK_DEV void stage_release(gemm_smem *sm, int s, int ctas) {
   if (threadIdx.x % 128 == 0) {
-    const int ctas = (int)cluster_nctarank();
-    if (ctas == 1) {
-      mbarrier_arrive(&sm->empty[s]);
-    } else {
-      for (int r = 0; r < ctas; r++) mbarrier_arrive_cluster(mapa_shared(&sm->empty[s], r));
-    }
+#pragma unroll
+    for (int r = 0; r < ctas; r++) mbarrier_arrive_cluster(mapa_shared(&sm->empty[s], r));
   }
 }
 
 /* Consumer warpgroup `cw` (0 or 1) multiplies its 64 rows over the tile's k-blocks.
- * a_mn / b_mn: whether A / B lie MN-major in shared memory (compile-time constants). */
-MOK_DEV void gemm_consume(gemm_smem *sm, gemm_pipe *p, int k_blocks, int cw, int a_mn, int b_mn,
-                          float *d) {
+ * ctas: of the cluster; a_mn / b_mn: whether A / B lie MN-major in shared memory (all three
+ * compile-time constants). */
+MOK_DEV void gemm_consume(gemm_smem *sm, gemm_pipe *p, int k_blocks, int ctas, int cw, int a_mn,
+                          int b_mn, float *d) {
   acc_zero(d);
   int prev = -1;
   for (int kb = 0; kb < k_blocks; kb++, p->it++) {
@@ -218,24 +209,24 @@ MOK_DEV void gemm_consume(gemm_smem *sm, gemm_pipe *p, int k_blocks, int cw, int
     /* Keep one group in flight: the previous k-block's stage is free once this one is issued. */
     wgmma_wait_group<1>();
     acc_fence(d);
-    if (prev >= 0) stage_release(sm, prev);
+    if (prev >= 0) stage_release(sm, prev, ctas);
     prev = s;
   }
   wgmma_wait_group<0>();
   acc_fence(d);
-  if (prev >= 0) stage_release(sm, prev);
+  if (prev >= 0) stage_release(sm, prev, ctas);
 }
 
 /* A CTA without a tile in the block keeps its pipeline in step with the cluster's. Only thread 0
  * releases, so the warpgroup meets at a barrier first: otherwise warps 1-3, which no wgmma ties
  * to warp 0 here, can fall two phases behind on full[s] and later wait, with the right parity,
  * for phases that never come (the 2-CTA hang of perf-log 2026-12-02). */
-MOK_DEV void gemm_consume_phantom(gemm_smem *sm, gemm_pipe *p, int k_blocks, int cw) {
+MOK_DEV void gemm_consume_phantom(gemm_smem *sm, gemm_pipe *p, int k_blocks, int ctas, int cw) {
   for (int kb = 0; kb < k_blocks; kb++, p->it++) {
     int s = (int)(p->it % GEMM_STAGES);
     mbarrier_wait_parity(&sm->full[s], (p->it / GEMM_STAGES) & 1);
     named_barrier_sync(1 + cw, 128);
-    stage_release(sm, s);
+    stage_release(sm, s, ctas);
   }
 }
 

@@ -8,7 +8,7 @@
  *   wgrad        per expert: A^T B over its rows -> weight gradient           (A, B MN-major)
  * Every kernel has the same order: error-word check, shared memory and barriers, then the
  * producer warpgroup (TMA) and two consumer warpgroups (wgmma + epilogue), persistent over blocks
- * of cm x cn tiles, launched as clusters of cm x cn CTAs.
+ * of 2 x cn tiles, launched as clusters of 2 x cn CTAs; each is compiled for cn = 1 and 2.
  */
 #include "cuda/gemm.cuh"
 #include "cuda/kernels.h"
@@ -23,37 +23,38 @@
 /* K-major A [128 rows][64 k] of M tile m0: cn boxes of 128 / cn rows (the map's box); when the
  * row's CTAs share it, each loads its own box for all of them. */
 MOK_DEV void load_a_kmajor(const gemm_args *g, __nv_bfloat16 *sa, uint64_t *bar,
-                           const gemm_tile *tl, int rank, int k) {
-  const int box = GEMM_BM / g->cn;
-  for (int j = 0; j < g->cn; j++) {
+                           const gemm_tile *tl, int rank, int cn, int k) {
+  const int box = GEMM_BM / cn;
+#pragma unroll
+  for (int j = 0; j < cn; j++) {
     __nv_bfloat16 *dst = sa + j * box * 64;
     const int row = tl->m0 + j * box;
     if (!tl->a_shared) tma_load_2d(dst, &g->a, bar, k, row);
-    else if (j == rank_n(g, rank)) tma_load_2d_multicast(dst, &g->a, bar, k, row, a_mask(g, rank));
+    else if (j == rank_n(rank)) tma_load_2d_multicast(dst, &g->a, bar, k, row, a_mask(rank));
   }
 }
 
-/* MN-major A of two [64 k][64 m] boxes at rows m0 + 64j (weight gradients); shared by a 1 x 2 or
- * 2 x 2 cluster, box j comes from the CTA with rank_n = j. */
+/* MN-major A of two [64 k][64 m] boxes at rows m0 + 64j (weight gradients); shared (cn = 2),
+ * box j comes from the CTA with rank_n = j. */
 MOK_DEV void load_a_mn(const gemm_args *g, __nv_bfloat16 *sa, uint64_t *bar, const gemm_tile *tl,
                        int rank, int k) {
 #pragma unroll
   for (int j = 0; j < 2; j++) {
     __nv_bfloat16 *dst = sa + j * 64 * 64;
     if (!tl->a_shared) tma_load_2d(dst, &g->a, bar, tl->m0 + 64 * j, k);
-    else if (j == rank_n(g, rank))
-      tma_load_2d_multicast(dst, &g->a, bar, tl->m0 + 64 * j, k, a_mask(g, rank));
+    else if (j == rank_n(rank))
+      tma_load_2d_multicast(dst, &g->a, bar, tl->m0 + 64 * j, k, a_mask(rank));
   }
 }
 
 /* K-major B of two 128-row halves: half h from map_h at (k, row_h, expert) into rows 128h.. */
-MOK_DEV void load_b_kmajor(const gemm_args *g, __nv_bfloat16 *sb, uint64_t *bar,
-                           const gemm_tile *tl, int rank, const CUtensorMap *map0, int row0,
-                           const CUtensorMap *map1, int row1, int k) {
+MOK_DEV void load_b_kmajor(__nv_bfloat16 *sb, uint64_t *bar, const gemm_tile *tl, int rank,
+                           const CUtensorMap *map0, int row0, const CUtensorMap *map1, int row1,
+                           int k) {
   if (tl->b_shared) {
-    const int h = rank_m(g, rank);
+    const int h = rank_m(rank);
     tma_load_3d_multicast(sb + h * 128 * 64, h ? map1 : map0, bar, k, h ? row1 : row0,
-                          tl->expert, b_mask(g, rank));
+                          tl->expert, b_mask(rank));
   } else {
     tma_load_3d(sb, map0, bar, k, row0, tl->expert);
     tma_load_3d(sb + 128 * 64, map1, bar, k, row1, tl->expert);
@@ -62,17 +63,17 @@ MOK_DEV void load_b_kmajor(const gemm_args *g, __nv_bfloat16 *sb, uint64_t *bar,
 
 /* MN-major B of four [64 k][64 n] boxes at columns n0 + 64j; half h = boxes 2h and 2h+1.
  * `e` < 0: a 2D map (rows = k), else a 3D map per expert. */
-MOK_DEV void load_b_mn(const gemm_args *g, __nv_bfloat16 *sb, uint64_t *bar, const gemm_tile *tl,
-                       int rank, const CUtensorMap *map, int k, int e) {
+MOK_DEV void load_b_mn(__nv_bfloat16 *sb, uint64_t *bar, const gemm_tile *tl, int rank,
+                       const CUtensorMap *map, int k, int e) {
 #pragma unroll
   for (int j = 0; j < 4; j++) {
     int half = j / 2;
-    if (tl->b_shared && half != rank_m(g, rank)) continue;
+    if (tl->b_shared && half != rank_m(rank)) continue;
     __nv_bfloat16 *dst = sb + j * 64 * 64;
     int n = tl->n0 + 64 * j;
     if (tl->b_shared) {
-      if (e < 0) tma_load_2d_multicast(dst, map, bar, n, k, b_mask(g, rank));
-      else tma_load_3d_multicast(dst, map, bar, n, k, e, b_mask(g, rank));
+      if (e < 0) tma_load_2d_multicast(dst, map, bar, n, k, b_mask(rank));
+      else tma_load_3d_multicast(dst, map, bar, n, k, e, b_mask(rank));
     } else {
       if (e < 0) tma_load_2d(dst, map, bar, n, k);
       else tma_load_3d(dst, map, bar, n, k, e);
@@ -251,20 +252,23 @@ MOK_DEV void epi_wgrad(const gemm_args *g, const gemm_tile *tl, int cw, float *d
 /* ---- kernels -------------------------------------------------------------------------------- */
 /* The body shared by all kernels: `COUNT` blocks of tiles, `TILE` the tile of block q for this
  * CTA, `LOAD` the TMA loads of k-block kb into stage s (sa, sb, bar), `EPI` the epilogue.
- * A macro, not a template: each kernel reads top to bottom with its own loads and epilogue. */
+ * A macro, not a function template: each kernel reads top to bottom with its own loads and
+ * epilogue. The kernels are templates over one int only, CN: their clusters are 2 x CN CTAs. */
 #define GEMM_KERNEL_BODY(COUNT, TILE, LOAD, A_MN, B_MN, EPI)                                \
   extern __shared__ char smem_raw[];                                                         \
   if (!GEMM_ARCH_OK) { __trap(); }                                                           \
   if (*g.status) return; /* the same word for every CTA: the whole grid leaves */            \
-  gemm_smem *sm = gemm_smem_init(smem_raw, cluster_size(&g));                               \
+  const int ctas = GEMM_CM * CN;                                                             \
+  gemm_smem *sm = gemm_smem_init(smem_raw, ctas);                                            \
   const int rank = (int)cluster_ctarank();                                                   \
+  const int total = COUNT;                                                                   \
   gemm_pipe pipe = {0};                                                                      \
   if (threadIdx.x / 128 == 0) {                                                              \
     setmaxnreg_dec<40>();                                                                    \
     if (threadIdx.x == 0) {                                                                  \
       prefetch_tensormap(&g.a);                                                              \
       prefetch_tensormap(&g.b0);                                                             \
-      for (int q = (int)cluster_index(); q < (COUNT); q += (int)cluster_count()) {             \
+      for (int q = blockIdx.x / ctas; q < total; q += gridDim.x / ctas) {                    \
         gemm_tile tl = TILE;                                                                 \
         for (int kb = 0; kb < tl.k_blocks; kb++, pipe.it++) {                                \
           int s = gemm_produce_begin(sm, &pipe, tl.valid);                                   \
@@ -279,43 +283,42 @@ MOK_DEV void epi_wgrad(const gemm_args *g, const gemm_tile *tl, int cw, float *d
     setmaxnreg_inc<232>();                                                                   \
     const int cw = threadIdx.x / 128 - 1;                                                    \
     float d[128];                                                                            \
-    for (int q = (int)cluster_index(); q < (COUNT); q += (int)cluster_count()) {               \
+    for (int q = blockIdx.x / ctas; q < total; q += gridDim.x / ctas) {                      \
       gemm_tile tl = TILE;                                                                   \
       if (!tl.valid) {                                                                       \
-        gemm_consume_phantom(sm, &pipe, tl.k_blocks, cw);                                    \
+        gemm_consume_phantom(sm, &pipe, tl.k_blocks, ctas, cw);                              \
         continue;                                                                            \
       }                                                                                      \
-      gemm_consume(sm, &pipe, tl.k_blocks, cw, A_MN, B_MN, d);                               \
+      gemm_consume(sm, &pipe, tl.k_blocks, ctas, cw, A_MN, B_MN, d);                         \
       EPI(&g, &tl, cw, d);                                                                   \
     }                                                                                        \
   }                                                                                          \
   cluster_sync(); /* peers may still multicast into us or release our stages */
 
-#define KERNEL __global__ void __launch_bounds__(GEMM_THREADS, 1)
+#define KERNEL template <int CN> __global__ void __launch_bounds__(GEMM_THREADS, 1)
 
 /* A [rows, H] K-major; B = gate rows i0..i0+127 then up rows i0..i0+127 of expert e. */
 KERNEL gemm_fwd_gateup(const __grid_constant__ gemm_args g) {
-  GEMM_KERNEL_BODY(rowgroup_block_count(&g, GEMM_BN_GATEUP),
-                   rowgroup_tile(&g, q, GEMM_BN_GATEUP, rank),
-                   (load_a_kmajor(&g, sa, bar, &tl, rank, kb * 64),
-                    load_b_kmajor(&g, sb, bar, &tl, rank, &g.b0, tl.n0, &g.b1, tl.n0, kb * 64)),
+  GEMM_KERNEL_BODY(rowgroup_block_count(&g, GEMM_BN_GATEUP, CN),
+                   rowgroup_tile(&g, q, GEMM_BN_GATEUP, rank, CN),
+                   (load_a_kmajor(&g, sa, bar, &tl, rank, CN, kb * 64),
+                    load_b_kmajor(sb, bar, &tl, rank, &g.b0, tl.n0, &g.b1, tl.n0, kb * 64)),
                    0, 0, epi_swiglu_fwd)
 }
 
 /* A [rows, I] K-major; B = W_down[e] [H, I] K-major, rows n0..n0+255 in two halves. */
 KERNEL gemm_fwd_down(const __grid_constant__ gemm_args g) {
-  GEMM_KERNEL_BODY(rowgroup_block_count(&g, GEMM_BN), rowgroup_tile(&g, q, GEMM_BN, rank),
-                   (load_a_kmajor(&g, sa, bar, &tl, rank, kb * 64),
-                    load_b_kmajor(&g, sb, bar, &tl, rank, &g.b0, tl.n0, &g.b0, tl.n0 + 128,
-                                  kb * 64)),
+  GEMM_KERNEL_BODY(rowgroup_block_count(&g, GEMM_BN, CN), rowgroup_tile(&g, q, GEMM_BN, rank, CN),
+                   (load_a_kmajor(&g, sa, bar, &tl, rank, CN, kb * 64),
+                    load_b_kmajor(sb, bar, &tl, rank, &g.b0, tl.n0, &g.b0, tl.n0 + 128, kb * 64)),
                    0, 0, epi_rows)
 }
 
 /* A [rows, H] K-major; B[n = i, k = h] = W_down[e][h, i]: MN-major boxes [64 h][64 i]. */
 KERNEL gemm_dgrad_down(const __grid_constant__ gemm_args g) {
-  GEMM_KERNEL_BODY(rowgroup_block_count(&g, GEMM_BN), rowgroup_tile(&g, q, GEMM_BN, rank),
-                   (load_a_kmajor(&g, sa, bar, &tl, rank, kb * 64),
-                    load_b_mn(&g, sb, bar, &tl, rank, &g.b0, kb * 64, tl.expert)),
+  GEMM_KERNEL_BODY(rowgroup_block_count(&g, GEMM_BN, CN), rowgroup_tile(&g, q, GEMM_BN, rank, CN),
+                   (load_a_kmajor(&g, sa, bar, &tl, rank, CN, kb * 64),
+                    load_b_mn(sb, bar, &tl, rank, &g.b0, kb * 64, tl.expert)),
                    0, 1, epi_swiglu_bwd)
 }
 
@@ -324,13 +327,13 @@ MOK_DEV void load_gateup_mn(const gemm_args *g, __nv_bfloat16 *sb, uint64_t *bar
                             const gemm_tile *tl, int rank, int kb) {
   int c = kb * 64;
   const CUtensorMap *map = c < g->k_split ? &g->b0 : &g->b1;
-  load_b_mn(g, sb, bar, tl, rank, map, c < g->k_split ? c : c - g->k_split, tl->expert);
+  load_b_mn(sb, bar, tl, rank, map, c < g->k_split ? c : c - g->k_split, tl->expert);
 }
 
 /* A [rows, 2I] K-major (dgu); B from W_gate then W_up, MN-major. */
 KERNEL gemm_dgrad_gateup(const __grid_constant__ gemm_args g) {
-  GEMM_KERNEL_BODY(rowgroup_block_count(&g, GEMM_BN), rowgroup_tile(&g, q, GEMM_BN, rank),
-                   (load_a_kmajor(&g, sa, bar, &tl, rank, kb * 64),
+  GEMM_KERNEL_BODY(rowgroup_block_count(&g, GEMM_BN, CN), rowgroup_tile(&g, q, GEMM_BN, rank, CN),
+                   (load_a_kmajor(&g, sa, bar, &tl, rank, CN, kb * 64),
                     load_gateup_mn(&g, sb, bar, &tl, rank, kb)),
                    0, 1, epi_rows)
 }
@@ -338,17 +341,21 @@ KERNEL gemm_dgrad_gateup(const __grid_constant__ gemm_args g) {
 /* Per expert e: out[m, n] = sum over its rows r of A[r, m] B[r, n]; both operands are row-major
  * [rows, M] and [rows, N], i.e. MN-major, loaded as [64 r][64 m|n] boxes. */
 KERNEL gemm_wgrad(const __grid_constant__ gemm_args g) {
-  GEMM_KERNEL_BODY(wgrad_block_count(&g), wgrad_tile(&g, q, rank),
+  GEMM_KERNEL_BODY(wgrad_block_count(&g, CN), wgrad_tile(&g, q, rank, CN),
                    (load_a_mn(&g, sa, bar, &tl, rank, tl.k_row0 + kb * 64),
-                    load_b_mn(&g, sb, bar, &tl, rank, &g.b0, tl.k_row0 + kb * 64, -1)),
+                    load_b_mn(sb, bar, &tl, rank, &g.b0, tl.k_row0 + kb * 64, -1)),
                    1, 1, epi_wgrad)
 }
 
 /* ---- launchers ------------------------------------------------------------------------------ */
 typedef void (*gemm_fn)(gemm_args);
 
-static const gemm_fn gemm_fns[] = {gemm_fwd_gateup, gemm_fwd_down, gemm_dgrad_down,
-                                   gemm_dgrad_gateup, gemm_wgrad};
+/* [kind][cn - 1] */
+static const gemm_fn gemm_fns[][2] = {
+    {gemm_fwd_gateup<1>, gemm_fwd_gateup<2>},     {gemm_fwd_down<1>, gemm_fwd_down<2>},
+    {gemm_dgrad_down<1>, gemm_dgrad_down<2>},     {gemm_dgrad_gateup<1>, gemm_dgrad_gateup<2>},
+    {gemm_wgrad<1>, gemm_wgrad<2>}};
+#define GEMM_KINDS (int)(sizeof gemm_fns / sizeof gemm_fns[0])
 
 static cudaLaunchConfig_t launch_config(int ctas, int cluster, cudaStream_t stream,
                                         cudaLaunchAttribute *attr) {
@@ -366,24 +373,25 @@ static cudaLaunchConfig_t launch_config(int ctas, int cluster, cudaStream_t stre
   return cfg;
 }
 
-/* Raises the kernels' shared-memory limit and gives, for clusters of 1, 2 and 4 CTAs, how many
- * CTAs can be resident at once (a cluster must fit in one GPC, so bigger clusters may leave SMs
- * idle); once per device, outside any graph capture. */
-cudaError_t gemm_init(int max_ctas[3]) {
+/* Raises the kernels' shared-memory limit and gives, for clusters of 2 x cn CTAs (cn = 1, 2),
+ * how many CTAs can be resident at once (a cluster must fit in one GPC, so clusters of 4 may
+ * leave SMs idle); once per device, outside any graph capture. */
+cudaError_t gemm_init(int max_ctas[2]) {
   static_assert(GEMM_SMEM_BYTES <= 227 * 1024, "GEMM shared memory exceeds the sm_90 limit");
-  for (size_t i = 0; i < sizeof gemm_fns / sizeof gemm_fns[0]; i++) {
-    cudaError_t e = cudaFuncSetAttribute((const void *)gemm_fns[i],
+  for (int i = 0; i < GEMM_KINDS * 2; i++) {
+    cudaError_t e = cudaFuncSetAttribute((const void *)gemm_fns[i / 2][i % 2],
                                          cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          (int)GEMM_SMEM_BYTES);
     if (e != cudaSuccess) return e;
   }
-  for (int i = 0; i < 3; i++) {
+  for (int cn = 1; cn <= 2; cn++) {
     cudaLaunchAttribute attr;
-    cudaLaunchConfig_t cfg = launch_config(1 << i, 1 << i, 0, &attr);
+    cudaLaunchConfig_t cfg = launch_config(GEMM_CM * cn, GEMM_CM * cn, 0, &attr);
     int clusters = 0;
-    cudaError_t e = cudaOccupancyMaxActiveClusters(&clusters, (const void *)gemm_fns[0], &cfg);
+    cudaError_t e =
+        cudaOccupancyMaxActiveClusters(&clusters, (const void *)gemm_fns[0][cn - 1], &cfg);
     if (e != cudaSuccess) return e;
-    max_ctas[i] = clusters << i;
+    max_ctas[cn - 1] = GEMM_CM * cn * clusters;
   }
   return cudaSuccess;
 }
@@ -391,9 +399,9 @@ cudaError_t gemm_init(int max_ctas[3]) {
 static int ceil_div(int a, int b) { return (a + b - 1) / b; }
 
 cudaError_t gemm_launch(gemm_kind kind, const gemm_args *g, int max_ctas, cudaStream_t stream) {
-  const int C = g->cm * g->cn;
-  const int mb = ceil_div(g->m_tiles_max, g->cm);
-  int blocks; /* blocks of cm x cn tiles, one per cluster at a time */
+  const int C = GEMM_CM * g->cn;
+  const int mb = ceil_div(g->m_tiles_max, GEMM_CM);
+  int blocks; /* blocks of 2 x cn tiles, one per cluster at a time */
   switch (kind) {
     case GEMM_FWD_GATEUP: blocks = mb * ceil_div(ceil_div(g->n, GEMM_BN_GATEUP), g->cn); break;
     case GEMM_WGRAD: blocks = g->experts * mb * ceil_div(ceil_div(g->n, GEMM_BN), g->cn); break;
@@ -403,5 +411,5 @@ cudaError_t gemm_launch(gemm_kind kind, const gemm_args *g, int max_ctas, cudaSt
   if (ctas < C) ctas = C;
   cudaLaunchAttribute attr;
   cudaLaunchConfig_t cfg = launch_config(ctas, C, stream, &attr);
-  return cudaLaunchKernelEx(&cfg, gemm_fns[kind], *g);
+  return cudaLaunchKernelEx(&cfg, gemm_fns[kind][g->cn - 1], *g);
 }

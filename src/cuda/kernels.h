@@ -72,6 +72,7 @@ cudaError_t ep_barrier_launch(const ep_table *tb, int rank, int ranks, int when,
 #define GEMM_STAGES 4
 #define GEMM_THREADS 384 /* producer warpgroup + two consumer warpgroups */
 #define GEMM_BN_GATEUP 128 /* gate/up forward: output columns of a tile (128 gate + 128 up) */
+#define GEMM_CM 2        /* CTAs of a cluster along M (see gemm_args.cn) */
 typedef enum gemm_kind {
   GEMM_FWD_GATEUP,    /* gu, hw <- A x [gate | up]^T, SwiGLU epilogue */
   GEMM_FWD_DOWN,      /* slot rows (or fp32 rows) <- A x W_down^T */
@@ -86,10 +87,10 @@ typedef struct gemm_args {
   CUtensorMap a;   /* A operand */
   CUtensorMap b0;  /* B operand (gate weights for the gate/up kernels) */
   CUtensorMap b1;  /* up weights for the gate/up kernels; unused otherwise */
-  int cm, cn;      /* cluster shape: cm x cn CTAs take as many tiles; the cm tiles of an N column
-                    * share (multicast) B, the cn tiles of an M row share A (gemm.cuh). Each 1 or
-                    * 2, chosen per launch (backend.cu). A K-major A map has boxes of 128 / cn
-                    * rows. */
+  int cn;          /* clusters of GEMM_CM x cn CTAs take as many tiles: the 2 tiles of an N column
+                    * share (multicast) B, the cn tiles of an M row share A (gemm.cuh). 1 or 2,
+                    * chosen per launch (backend.cu), which picks the kernel compiled for it. A
+                    * K-major A map has boxes of 128 / cn rows. */
 
   /* Tile space. Row-grouped kernels: M = routed rows grouped by expert (offsets, mblock_expert
    * from the schedule), or a plain T rows (offsets == NULL: one expert, m_tiles_max tiles).
@@ -122,9 +123,9 @@ typedef struct gemm_args {
 } gemm_args;
 
 /* Once per device, before any launch and outside graph capture: sets the kernels' attributes and
- * gives, for clusters of 1, 2 and 4 CTAs (one CTA per SM), the most CTAs resident at once. */
-cudaError_t gemm_init(int max_ctas[3]);
-/* Launches on at most `ctas` CTAs (a multiple of cm x cn); the grid never changes a bit. */
+ * gives, for clusters of 2 x cn CTAs (cn = 1, 2; one CTA per SM), the most CTAs resident at once. */
+cudaError_t gemm_init(int max_ctas[2]);
+/* Launches on at most `ctas` CTAs (a multiple of 2 x cn); the grid never changes a bit. */
 cudaError_t gemm_launch(gemm_kind kind, const gemm_args *g, int ctas, cudaStream_t stream);
 
 /* ---- tensor maps (tma.cu) ------------------------------------------------------------------- */

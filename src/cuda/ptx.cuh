@@ -28,26 +28,6 @@ MOK_DEV uint32_t cluster_ctarank(void) {
   return r;
 }
 
-/* CTAs in the cluster, the cluster's index in the grid and the grid's clusters: read where used
- * (volatile), not held in registers across the k-loop and the epilogue. */
-MOK_DEV uint32_t cluster_nctarank(void) {
-  uint32_t r;
-  asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(r));
-  return r;
-}
-
-MOK_DEV uint32_t cluster_index(void) {
-  uint32_t r;
-  asm volatile("mov.u32 %0, %%clusterid.x;" : "=r"(r));
-  return r;
-}
-
-MOK_DEV uint32_t cluster_count(void) {
-  uint32_t r;
-  asm volatile("mov.u32 %0, %%nclusterid.x;" : "=r"(r));
-  return r;
-}
-
 /* All threads of all CTAs of the cluster: orders barrier inits before peers use them, and keeps
  * a CTA alive until its peer no longer writes into its shared memory. */
 MOK_DEV void cluster_sync(void) {

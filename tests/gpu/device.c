@@ -29,7 +29,7 @@ int gpu_init(gpu_layer *d, const harness *h, int64_t T, const mok_context_config
   cfg.backend = MOK_BACKEND_CUDA;
   if (knobs) {
     cfg.sms = knobs->sms;
-    cfg.cluster_m = knobs->cluster_m, cfg.cluster_n = knobs->cluster_n;
+    cfg.cluster = knobs->cluster;
   }
   CHECK_OK(mok_context_create(&cfg, &d->ctx));
   if (!d->ctx) return 0;

@@ -23,7 +23,7 @@ typedef struct gpu_layer {
 } gpu_layer;
 
 /* Device copies of h's inputs (first T tokens), a CUDA context with the tuning knobs of `knobs`
- * (sms, cluster_m, cluster_n; NULL = the defaults) and a workspace of h's shape. Returns 0 after
+ * (sms, cluster; NULL = the defaults) and a workspace of h's shape. Returns 0 after
  * recording a failure. */
 int gpu_init(gpu_layer *d, const harness *h, int64_t T, const mok_context_config *knobs);
 void gpu_fini(gpu_layer *d);
