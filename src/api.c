@@ -56,6 +56,9 @@ mok_status mok_context_create(const mok_context_config *cfg, mok_context **out) 
               cfg->ep_size, cfg->group->size);
   }
   const mok_ep_group *g = cfg->group;
+  CHECK_ARG(!(g && !g->nccl && cfg->cluster == 4),
+            "cluster is 4 with emulated EP ranks; expected 2 or 0 (the GEMMs of several ranks "
+            "share one GPU, where clusters of 4 of every rank may not fit at once)");
   if (g && g->nccl) {
     if (cfg->backend != MOK_BACKEND_CUDA)
       return mok_fail(MOK_ERR_UNSUPPORTED, "an NCCL group needs the CUDA backend");

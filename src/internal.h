@@ -121,7 +121,8 @@ struct mok_context {
   const struct mok_backend_ops *ops;
   int sm_count;  /* CUDA: multiprocessors the kernels may use (cfg.sms or all) */
   int gemm_ctas[2]; /* CUDA: CTAs of the persistent GEMMs in clusters of 2 x cn CTAs, [cn - 1]: a
-                     * multiple of the cluster, at most sm_count, all resident at once */
+                     * multiple of the cluster, all resident at once; at most sm_count, or one
+                     * cluster when sm_count is smaller */
 };
 
 struct mok_workspace {

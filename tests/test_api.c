@@ -52,6 +52,7 @@ static void context_arguments(void) {
   bad = cfg, bad.cluster = 4; /* valid: the CPU backend ignores it */
   CHECK_OK(mok_context_create(&bad, &ctx));
   mok_context_destroy(ctx);
+  ctx = NULL;
   bad = cfg, bad.ep_size = 2, bad.ep_rank = 1; /* no group to go with it */
   EXPECT_FAIL(mok_context_create(&bad, &ctx), MOK_ERR_INVALID_ARG, "group is NULL", ctx);
 
@@ -68,6 +69,8 @@ static void context_arguments(void) {
   EXPECT_FAIL(mok_context_create(&bad, &ctx), MOK_ERR_INVALID_ARG, "has 2 ranks", ctx);
   bad = cfg, bad.ep_size = 1, bad.group = grp;
   EXPECT_FAIL(mok_context_create(&bad, &ctx), MOK_ERR_INVALID_ARG, "has 2 ranks", ctx);
+  bad = cfg, bad.ep_size = 2, bad.ep_rank = 1, bad.group = grp, bad.cluster = 4;
+  EXPECT_FAIL(mok_context_create(&bad, &ctx), MOK_ERR_INVALID_ARG, "emulated EP ranks", ctx);
   /* One workspace per rank and group. */
   bad = cfg, bad.ep_size = 2, bad.ep_rank = 1, bad.group = grp;
   CHECK_OK(mok_context_create(&bad, &ctx));

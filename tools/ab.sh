@@ -4,7 +4,7 @@
 #
 #   tools/ab.sh build NAME REV   here: builds build/mok of git revision REV in a scratch worktree
 #                                and keeps it as exp/NAME/mok (exp/ is ignored: carry it);
-#                                make's variables pass through (NVEXTRA=-D... for a variant)
+#                                make's variables pass through
 #   tools/ab.sh bench            on the device: for each of $REPS rounds, each shape of $SHAPES,
 #                                each build of $BUILDS (NAME, or "here" for ./build/mok), one
 #                                `mok bench $ARGS`; logs under $OUT (or results/), a table last

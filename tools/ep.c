@@ -115,7 +115,7 @@ static int rank_init(ep_rank *u, const mok_host_layer *L, const cli_options *o, 
   cfg.ep_rank = r, cfg.ep_size = R, cfg.group = R > 1 ? g : NULL;
   cfg.threads = ((o->threads > 0 ? o->threads : omp_get_max_threads()) + R - 1) / R;
   cfg.backend = o->backend, cfg.device = o->device;
-  cfg.cluster = o->cluster;
+  cfg.sms = o->sms, cfg.cluster = o->cluster;
   u->cuda = o->backend == MOK_BACKEND_CUDA;
   mok_status st = mok_context_create(&cfg, &u->ctx);
   if (st != MOK_OK) return tool_mok_error("mok_context_create", st);

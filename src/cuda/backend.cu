@@ -93,7 +93,8 @@ static mok_status cuda_context_init(mok_context *ctx) {
    * rank waiting at a barrier holds an SM until its peers arrive: with every rank's GEMM asking
    * for every SM, a peer's GEMM could wait for its last CTA forever. So each rank's GEMMs get an
    * equal share of the clusters left when every rank's barrier spoils one cluster's place (a
-   * cluster must fit in one GPC: 4 ranks' GEMMs of 8 clusters of 4 each hung on the H200). */
+   * cluster must fit in one GPC: 4 ranks' GEMMs of 8 clusters of 4 each hung on the H200). They
+   * run clusters of 2 only (cluster_shape). */
   const int R = ctx->cfg.group && !ctx->cfg.group->nccl ? ctx->cfg.ep_size : 0;
   for (int i = 0; i < 2; i++) {
     const int C = GEMM_CM * (i + 1);
@@ -451,13 +452,19 @@ static mok_status map3(CUtensorMap *m, const void *p, int64_t b, int64_t rows, i
 /* The cluster shape of a product (gemm.cuh): the context's knob, or chosen here. Clusters of
  * 2 x 2 CTAs move a quarter less data from L2 to the SMs than 2 x 1, but only 30 of them fit on
  * an H200 (120 CTAs), and a product with an odd number of N tiles leaves a CTA of the last
- * cluster of each row idle. Measured (DESIGN §2.2): 2 x 2 wins the backward products of the large
- * shapes and loses the forward ones. Sets g->cn from g's tile space. */
+ * cluster of each row idle. Measured (DESIGN §2.2): at 2 x 2 the backward as a whole, run back to
+ * back, is faster on the large shapes (per kernel in isolation only dgrad_gateup gains), the
+ * forward slower. The backward products' N tiles are GEMM_BN wide; the forward's are not counted,
+ * they always take 2 x 1. Emulated ranks always take 2 x 1: their GEMMs share one GPU, where
+ * clusters of 4 of several ranks were not tested to fit at once (mok_context_create refuses the
+ * knob at 4 for them). Sets g->cn. */
 static void cluster_shape(const call *c, gemm_kind kind, gemm_args *g) {
-  const int knob = c->ws->ctx->cfg.cluster;
+  const mok_context_config *cfg = &c->ws->ctx->cfg;
   const int n_tiles = (g->n + GEMM_BN - 1) / GEMM_BN;
-  if (knob) g->cn = knob / GEMM_CM;
-  else g->cn = kind != GEMM_FWD_GATEUP && kind != GEMM_FWD_DOWN && n_tiles % 2 == 0 ? 2 : 1;
+  const int backward = kind != GEMM_FWD_GATEUP && kind != GEMM_FWD_DOWN;
+  if (cfg->cluster) g->cn = cfg->cluster / GEMM_CM;
+  else if (cfg->group && !cfg->group->nccl) g->cn = 1;
+  else g->cn = backward && n_tiles % 2 == 0 ? 2 : 1;
 }
 
 static mok_status run(const call *c, gemm_kind kind, const gemm_args *g, const char *what) {

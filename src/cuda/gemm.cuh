@@ -18,7 +18,8 @@
  * without a tile of its own (an odd last M or N tile) runs the k-loop as a "phantom", taking
  * part in the barriers but loading and computing nothing, and its neighbours load their tiles
  * whole. The cluster shape is a compile-time constant: read from the arguments at run time
- * instead, the same kernels ran 14 % (2 x 1) and 35 % (2 x 2) slower (perf-log 2026-12-03).
+ * instead, the same kernels ran the backward 14 % (2 x 1) and 35 % (2 x 2) slower (perf-log
+ * 2026-12-03).
  *
  * Shared memory (gemm_smem) is 128B-swizzled, as TMA writes it and wgmma reads it:
  *   A, K-major:  [128 rows][64 k]           (cn boxes, one per CTA of the M row)
@@ -67,6 +68,7 @@ typedef struct gemm_tile {
   int a_shared; /* cn = 2 and both tiles of this CTA's M row exist: multicast A */
 } gemm_tile;
 
+static_assert(GEMM_CM == 2, "the B halves, masks and expert pairs below assume clusters 2 tall");
 MOK_DEV int rank_m(int rank) { return rank % GEMM_CM; }
 MOK_DEV int rank_n(int rank) { return rank / GEMM_CM; }
 /* The CTAs that receive this CTA's part of B (its N column) and of A (its M row). */
@@ -151,7 +153,7 @@ MOK_DEV gemm_tile wgrad_tile(const gemm_args *g, int q, int rank, int cn) {
 }
 
 /* ---- the pipeline ---------------------------------------------------------------------------- */
-/* Pipeline position shared by producer and consumers (and by both CTAs of the cluster):
+/* Pipeline position shared by producer and consumers (and by every CTA of the cluster):
  * iteration i uses stage i % STAGES and waits for phase parity (i / STAGES) & 1. */
 typedef struct gemm_pipe {
   uint32_t it;
@@ -254,7 +256,7 @@ MOK_DEV gemm_smem *gemm_smem_init(char *raw, int ctas) {
     }
     fence_mbarrier_init();
   }
-  cluster_sync(); /* the peer's barriers exist before anyone arrives on them */
+  cluster_sync(); /* the peers' barriers exist before anyone arrives on them */
   return sm;
 }
 
