@@ -91,6 +91,8 @@ if $mok info | grep -q 'CUDA devices visible: 0'; then
   check cli/cuda_without_gpu 1 'MOK_ERR_UNSUPPORTED.*--backend cpu' -- $mok run --scale 1/64
   check cli/run_ep_cuda_without_gpu 1 'MOK_ERR_UNSUPPORTED.*no CUDA device' -- \
     $mok run --shape dsv3 --scale 1/64 --ep 2
+  check cli/test_gpu_without_gpu 1 'no CUDA device is visible.*0 passed, 1 failed' -- \
+    ./build/test_gpu
 fi
 
 # The README's C example is tools/example.c, and it runs.

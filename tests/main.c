@@ -8,6 +8,7 @@
 #include <time.h>
 
 #include "check.h"
+#include "mok.h"
 
 int check_failures;
 
@@ -37,6 +38,12 @@ int main(int argc, char **argv) {
       TEST_TABLES(LIST_)
 #undef LIST_
   };
+#ifdef TESTS_NEED_CUDA_DEVICE
+  if (mok_cuda_device_count() == 0) {
+    printf("no CUDA device is visible: these tests need a Hopper GPU\n0 passed, 1 failed\n");
+    return 1;
+  }
+#endif
   const char *filter = argc > 1 ? argv[1] : NULL;
   int passed = 0, failed = 0;
   for (size_t i = 0; i < sizeof tables / sizeof tables[0]; i++) {
