@@ -87,6 +87,24 @@ check cli/ab_missing_build 0 '\| 1 \| fine-7b \| nope \| failed' -- \
   "${ab[@]}" BUILDS=nope tools/ab.sh bench
 check cli/ab_usage 2 'tools/ab.sh build NAME REV' -- tools/ab.sh
 
+# tools/gpu-check.sh ep, the multi-GPU command, with stand-ins for nvidia-smi (N GPUs) and for
+# python3 (which records the launches): ep_nccl.py at ep = 2, 4, ... up to N, the benchmark at
+# the largest, nothing but a note below 2 GPUs. Only without a GPU: test_gpu then fails at once.
+if $mok info | grep -q 'CUDA devices visible: 0'; then
+  mkdir -p "$tmp/stub"
+  printf '#!/bin/sh\n[ "$1" = -L ] && seq 0 $((GPUS - 1)) | sed "s/^/GPU /" || echo name\n' \
+    >"$tmp/stub/nvidia-smi"
+  printf '#!/bin/sh\necho "$*" >>"$OUT/launches"\n' >"$tmp/stub/python3"
+  chmod +x "$tmp/stub/nvidia-smi" "$tmp/stub/python3"
+  gc=(env PATH="$tmp/stub:$PATH" OUT="$tmp/gc" tools/gpu-check.sh ep)
+  check cli/gpu_check_ep_4_gpus 1 'ep2-tests +ok.*ep4-tests +ok.*ep-bench +ok' -- \
+    env GPUS=4 "${gc[@]}"
+  check cli/gpu_check_ep_launches 0 \
+    '^--nproc-per-node 2 python/tests/ep_nccl.py --nproc-per-node 4 python/tests/ep_nccl.py --nproc-per-node 4 bench/ep.py --out [^ ]*/gc/ep $' \
+    -- grep -o -- '--nproc-per-node .*' "$tmp/gc/launches"
+  check cli/gpu_check_ep_1_gpu 1 'skipped: 1 GPU' -- env GPUS=1 "${gc[@]}"
+fi
+
 if $mok info | grep -q 'CUDA devices visible: 0'; then
   check cli/cuda_without_gpu 1 'MOK_ERR_UNSUPPORTED.*--backend cpu' -- $mok run --scale 1/64
   check cli/run_ep_cuda_without_gpu 1 'MOK_ERR_UNSUPPORTED.*no CUDA device' -- \

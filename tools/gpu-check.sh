@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # gpu-check.sh: the one command for the device (make gpu-check). Builds everything, runs the GPU
 # tests, the Python tests (torch, CUDA) and the benchmark, writes full logs under $OUT (or
-# results/ when $OUT is unset) and prints a short summary last.
-# Usage: tools/gpu-check.sh [tests|bench|all]   (default all)
+# results/ when $OUT is unset) and prints a short summary last; exit status 1 if a step failed.
+# Usage: tools/gpu-check.sh [tests|bench|all|ep]   (default all)
+#   ep: expert parallelism over every GPU of the machine, one process per GPU (issue 7): the GPU
+#       tests, python/tests/ep_nccl.py (D4 against ep = 1, a late rank, a missing rank) at ep = 2,
+#       4 and 8 as far as the GPUs go, then bench/ep.py at the largest; NVLink multicast off.
 set -uo pipefail
 what=${1:-all}
 out=${OUT:-results}
@@ -17,6 +20,7 @@ if [ -n "$wheel" ] && [ -e "$wheel/lib/libnccl.so.2" ]; then
   export LD_LIBRARY_PATH=$wheel/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 fi
 summary=()
+failed=0
 step() { # step NAME TIMEOUT_S COMMAND...: runs it, logs to $out/NAME.log, records ok/FAIL
   local name=$1 limit=$2; shift 2
   local t0=$SECONDS
@@ -25,6 +29,7 @@ step() { # step NAME TIMEOUT_S COMMAND...: runs it, logs to $out/NAME.log, recor
   local rc=$?
   tail -n 25 "$out/$name.log"
   summary+=("$(printf '%-12s %s  rc=%d  %ds' "$name" "$([ $rc = 0 ] && echo ok || echo FAIL)" $rc $((SECONDS - t0)))")
+  [ $rc = 0 ] || failed=1
   return $rc
 }
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv > "$out/gpu.txt" 2>&1
@@ -36,7 +41,26 @@ fi
 if [ "$what" = bench ] || [ "$what" = all ]; then
   step bench 480 python3 bench/run.py --out "$out"
 fi
+if [ "$what" = ep ]; then
+  export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+  gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)
+  step gpu-tests 420 ./build/test_gpu
+  top=0
+  for r in 2 4 8; do
+    [ "$r" -le "$gpus" ] || break
+    step "ep$r-tests" 300 python3 -m torch.distributed.run --standalone --nproc-per-node "$r" \
+      python/tests/ep_nccl.py
+    top=$r
+  done
+  if [ "$top" -gt 0 ]; then
+    step ep-bench 540 python3 -m torch.distributed.run --standalone --nproc-per-node "$top" \
+      bench/ep.py --out "$out/ep"
+  else
+    summary+=("ep           skipped: $gpus GPU(s) here, expert parallelism needs 2 or more")
+  fi
+fi
 echo
 echo "== summary ($(head -2 "$out/gpu.txt" | tail -1))"
 printf '%s\n' "${summary[@]}"
 grep -hE "passed, .* failed" "$out/gpu-tests.log" 2>/dev/null
+exit $failed
