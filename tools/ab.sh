@@ -25,6 +25,11 @@ build)
   echo "exp/$name/mok: $(git -C "$top" rev-parse --short "$rev")"
   ;;
 bench)
+  # The NCCL that mok was built against, as tools/gpu-check.sh finds it (needed from --ep on).
+  wheel=$(python3 -c "import nvidia.nccl as n; print(n.__path__[0])" 2>/dev/null || true)
+  if [ -n "$wheel" ] && [ -e "$wheel/lib/libnccl.so.2" ]; then
+    export LD_LIBRARY_PATH=$wheel/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  fi
   out=${OUT:-results}/ab
   mkdir -p "$out"
   read -r -a args <<< "${ARGS:---warmup 3 --repeat 20}"
