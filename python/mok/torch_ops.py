@@ -286,9 +286,15 @@ def _setup_context(ctx, inputs, output):
     x, ids, tw, wg, wu, wd, wsg, wsu, wsd, _max_tokens, group = inputs
     ctx.has_shared, ctx.group = wsg is not None, group
     ctx.save_for_backward(x, ids, tw, wg, wu, wd, wsg, wsu, wsd, output[1])
+    # Gradients of outputs that have none stay None. By default autograd would hand backward a
+    # tensor of zeros the size of `saved` for that uint8 output: as much memory again as saved
+    # itself, at the backward's peak.
+    ctx.set_materialize_grads(False)
 
 
 def _backward_formula(ctx, dy, _dsaved):
+    if dy is None:  # y does not reach what is differentiated: no gradient for any input
+        return (None,) * 11
     x, ids, tw, wg, wu, wd, wsg, wsu, wsd, saved = ctx.saved_tensors
     g = torch.ops.mok.backward(dy.contiguous(), x, ids, tw, wg, wu, wd, wsg, wsu, wsd, saved,
                                ctx.group)

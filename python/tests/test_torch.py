@@ -11,6 +11,7 @@ torch = pytest.importorskip("torch")
 import torch.nn.functional as F  # noqa: E402
 
 import mok  # noqa: E402
+from mok import torch_ops  # noqa: E402
 
 
 def _cuda_reason():
@@ -100,6 +101,17 @@ def test_int64_ids_and_repeatable_bits(device):
     y1, g1 = fwd_bwd(mok.moe, ten, dy)
     y2, g2 = fwd_bwd(mok.moe, dict(ten, topk_ids=ten["topk_ids"].long()), dy)
     assert torch.equal(y1, y2) and all(torch.equal(a, b) for a, b in zip(g1, g2))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_undefined_dy_gives_no_gradients(device):
+    """A y whose gradient is undefined (not zeros) reaches backward as None, and every input's
+    gradient is None: autograd does not materialise zeros for y, nor for the uint8 `saved`."""
+    ten, _ = make(40, 64, 64, 8, 2, 64, device, seed=2)
+    y = torch._C._functions.UndefinedGrad()(mok.moe(**ten))
+    leaves = [ten[n] for n in DIFF if ten[n] is not None]
+    grads = torch.autograd.grad(y.float().sum(), leaves, allow_unused=True)
+    assert all(g is None for g in grads)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -229,6 +241,25 @@ def test_torch_compile_dynamic_tokens(device):
         (g,) = torch.autograd.grad(y, [ten["x"]], dy)
         (gc,) = torch.autograd.grad(yc, [ten["x"]], dy)
         assert torch.equal(y, yc) and torch.equal(g, gc)
+
+
+@needs_cuda
+def test_cuda_backward_peak_is_saved_outputs_and_grads():
+    """The memory torch holds at the peak of one forward + backward is y, `saved`, dx,
+    d_topk_weights and the weight gradients, nothing more (1 MB of slack): before the binding
+    kept autograd from materialising a gradient for `saved`, a zero tensor of saved's size came
+    on top (perf-log 2026-12-03)."""
+    ten, dy = make(4096, 256, 1024, 8, 2, 0, "cuda", seed=4)
+    mok.moe(**ten)  # the cached workspace (cudaMalloc'ed, outside torch) exists before the count
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    y, g = fwd_bwd(mok.moe, ten, dy)
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - base
+    ws = mok.core.workspace(mok.Dims(256, 1024, 0, 8, 2), 4096, "cuda", 0)  # the one it used
+    expected = y.nbytes + torch_ops._saved_len(ws, 4096) + sum(t.nbytes for t in g)
+    assert expected <= peak <= expected + (1 << 20), (peak, expected)
 
 
 @needs_cuda
