@@ -124,7 +124,7 @@ typedef struct scratch_layout {
   size_t slots;         /* bf16 [T*k, H] expert output (fwd) / dx (bwd) per slot */
   size_t dgu;           /* bf16 [rows_cap, 2I] */
   size_t dtw_part;      /* f32 [T*k, I/64] router-gradient partials */
-  size_t rows_f32;      /* f32 [T, H] shared-expert output (fwd) / dx (bwd) */
+  size_t rows_f32;      /* f32 [T, H] shared-expert output (fwd) / dx (bwd); none if I_s = 0 */
   size_t dgus;          /* bf16 [T, 2I_s] */
   size_t bytes;
 } scratch_layout;
@@ -161,7 +161,7 @@ static scratch_layout scratch_layout_of(const mok_workspace *ws, int64_t rows_ca
   L.slots = mok_take(&c, slots * s->hidden * 2);
   L.dgu = mok_take(&c, rows_cap * 2 * s->inter * 2);
   L.dtw_part = mok_take(&c, slots * (s->inter / 64) * 4);
-  L.rows_f32 = mok_take(&c, T * s->hidden * 4);
+  L.rows_f32 = mok_take(&c, (s->shared_inter ? T : 0) * s->hidden * 4);
   L.dgus = mok_take(&c, T * 2 * s->shared_inter * 2);
   L.bytes = c;
   return L;
