@@ -74,7 +74,7 @@ build/test_mok: $(TEST_C:%.c=build/%.o) build/tools/cli.o build/libmok.a
 	$(CC) -o $@ $(filter %.o,$^) build/libmok.a $(LDLIBS)
 
 # The GPU test binary shares main.c with the CPU one; its tables.h lists the GPU test files.
-build/tests/gpu/main.o: tests/main.c tests/gpu/tables.h tests/check.h
+build/tests/gpu/main.o: tests/main.c tests/gpu/tables.h tests/check.h include/mok.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Itests/gpu -Itests -c $< -o $@
 

@@ -87,22 +87,32 @@ check cli/ab_missing_build 0 '\| 1 \| fine-7b \| nope \| failed' -- \
   "${ab[@]}" BUILDS=nope tools/ab.sh bench
 check cli/ab_usage 2 'tools/ab.sh build NAME REV' -- tools/ab.sh
 
-# tools/gpu-check.sh ep, the multi-GPU command, with stand-ins for nvidia-smi (N GPUs) and for
-# python3 (which records the launches): ep_nccl.py at ep = 2, 4, ... up to N, the benchmark at
-# the largest, nothing but a note below 2 GPUs. Only without a GPU: test_gpu then fails at once.
+# tools/gpu-check.sh ep, the multi-GPU command, with GPUS=N standing for N visible GPUs and a
+# python3 that records each torch.distributed.run launch (with NCCL_NVLS_ENABLE) and hands every
+# other call to the real python3: ep_nccl.py at ep = 2, 4, ... up to N, the benchmark at the
+# largest, nothing below 2 GPUs; a failing launch is a FAIL. Only without a GPU (test_gpu fails
+# at once, so the exit status is 1 in every case).
 if $mok info | grep -q 'CUDA devices visible: 0'; then
   mkdir -p "$tmp/stub"
-  printf '#!/bin/sh\n[ "$1" = -L ] && seq 0 $((GPUS - 1)) | sed "s/^/GPU /" || echo name\n' \
-    >"$tmp/stub/nvidia-smi"
-  printf '#!/bin/sh\necho "$*" >>"$OUT/launches"\n' >"$tmp/stub/python3"
-  chmod +x "$tmp/stub/nvidia-smi" "$tmp/stub/python3"
+  cat >"$tmp/stub/python3" <<STUB
+#!/bin/sh
+case "\$*" in
+  "-m torch.distributed.run "*) echo "\$NCCL_NVLS_ENABLE \$*" >>"\$OUT/launches"; exit \${EP_RC:-0} ;;
+  *) exec $(command -v python3) "\$@" ;;
+esac
+STUB
+  chmod +x "$tmp/stub/python3"
   gc=(env PATH="$tmp/stub:$PATH" OUT="$tmp/gc" tools/gpu-check.sh ep)
   check cli/gpu_check_ep_4_gpus 1 'ep2-tests +ok.*ep4-tests +ok.*ep-bench +ok' -- \
     env GPUS=4 "${gc[@]}"
   check cli/gpu_check_ep_launches 0 \
-    '^--nproc-per-node 2 python/tests/ep_nccl.py --nproc-per-node 4 python/tests/ep_nccl.py --nproc-per-node 4 bench/ep.py --out [^ ]*/gc/ep $' \
-    -- grep -o -- '--nproc-per-node .*' "$tmp/gc/launches"
+    "^0 -m torch.distributed.run --standalone --nproc-per-node 2 python/tests/ep_nccl.py 0 -m torch.distributed.run --standalone --nproc-per-node 4 python/tests/ep_nccl.py 0 -m torch.distributed.run --standalone --nproc-per-node 4 bench/ep.py --out $tmp/gc/ep \$" \
+    -- cat "$tmp/gc/launches"
+  rm "$tmp/gc/launches"
   check cli/gpu_check_ep_1_gpu 1 'skipped: 1 GPU' -- env GPUS=1 "${gc[@]}"
+  check cli/gpu_check_ep_1_gpu_launches_nothing 1 '' -- test -e "$tmp/gc/launches"
+  check cli/gpu_check_ep_launch_fails 1 'ep2-tests +FAIL  rc=3.*ep-bench +FAIL' -- \
+    env GPUS=2 EP_RC=3 "${gc[@]}"
 fi
 
 if $mok info | grep -q 'CUDA devices visible: 0'; then

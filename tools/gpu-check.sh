@@ -3,9 +3,11 @@
 # tests, the Python tests (torch, CUDA) and the benchmark, writes full logs under $OUT (or
 # results/ when $OUT is unset) and prints a short summary last; exit status 1 if a step failed.
 # Usage: tools/gpu-check.sh [tests|bench|all|ep]   (default all)
-#   ep: expert parallelism over every GPU of the machine, one process per GPU (issue 7): the GPU
-#       tests, python/tests/ep_nccl.py (D4 against ep = 1, a late rank, a missing rank) at ep = 2,
-#       4 and 8 as far as the GPUs go, then bench/ep.py at the largest; NVLink multicast off.
+#   ep: expert parallelism over every visible GPU, one process per GPU (issue 7): the GPU tests,
+#       python/tests/ep_nccl.py (D4 against ep = 1, a late rank, a missing rank) at ep = 2, 4 and
+#       8 as far as the GPUs go, then bench/ep.py at the largest; NVLink multicast off. It can
+#       take longer than one call of a time-limited device: each step prints its result as it
+#       ends and leaves its log under $OUT, so a cut-off run still says how far it got.
 set -uo pipefail
 what=${1:-all}
 out=${OUT:-results}
@@ -28,6 +30,7 @@ step() { # step NAME TIMEOUT_S COMMAND...: runs it, logs to $out/NAME.log, recor
   timeout "$limit" "$@" > "$out/$name.log" 2>&1
   local rc=$?
   tail -n 25 "$out/$name.log"
+  echo "== $name: $([ $rc = 0 ] && echo ok || echo FAIL) (rc=$rc, $((SECONDS - t0)) s)"
   summary+=("$(printf '%-12s %s  rc=%d  %ds' "$name" "$([ $rc = 0 ] && echo ok || echo FAIL)" $rc $((SECONDS - t0)))")
   [ $rc = 0 ] || failed=1
   return $rc
@@ -43,7 +46,9 @@ if [ "$what" = bench ] || [ "$what" = all ]; then
 fi
 if [ "$what" = ep ]; then
   export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-  gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)
+  # The GPUs this process may use (CUDA_VISIBLE_DEVICES counts), as the library sees them.
+  gpus=${GPUS:-$(./build/mok info 2>/dev/null | sed -n 's/.*CUDA devices visible: \([0-9]*\).*/\1/p')}
+  gpus=${gpus:-0}
   step gpu-tests 420 ./build/test_gpu
   top=0
   for r in 2 4 8; do

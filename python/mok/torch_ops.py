@@ -293,9 +293,11 @@ def _setup_context(ctx, inputs, output):
 
 
 def _backward_formula(ctx, dy, _dsaved):
-    if dy is None:  # y does not reach what is differentiated: no gradient for any input
-        return (None,) * 11
     x, ids, tw, wg, wu, wd, wsg, wsu, wsd, saved = ctx.saved_tensors
+    if dy is None:  # y does not reach what is differentiated
+        if not ctx.group:
+            return (None,) * 11  # no gradient for any input
+        dy = torch.zeros_like(x)  # an EP rank still takes part in the group's backward
     g = torch.ops.mok.backward(dy.contiguous(), x, ids, tw, wg, wu, wd, wsg, wsu, wsd, saved,
                                ctx.group)
     shared = tuple(g[5:]) if ctx.has_shared else (None, None, None)
