@@ -81,8 +81,15 @@ print('ok')"
 # tools/ab.sh, the A/B driver for the device, on the CPU backend: a row per run, a missing build
 # is a row that says so, not a stop.
 ab=(env OUT="$tmp" SHAPES=fine-7b REPS=1 ARGS="--backend cpu --scale 1/64 --warmup 0 --repeat 1")
-check cli/ab_bench 0 '\| 1 \| fine-7b \| here \| [0-9.]+ \| [0-9.]+ \| same \|' -- \
+check cli/ab_bench 0 '\| 1 \| fine-7b \| here \| [0-9.]+ \| [0-9.]+ \| same \| - \| - \|' -- \
   "${ab[@]}" tools/ab.sh bench
+# With an nvidia-smi that reports a busy and an idle sample every 50 ms: the busy ones' means.
+mkdir -p "$tmp/smi"
+printf '#!/bin/sh\nwhile :; do echo "1500, 650.5, 100"; echo "345, 80.0, 0"; sleep 0.05; done\n' \
+  >"$tmp/smi/nvidia-smi"
+chmod +x "$tmp/smi/nvidia-smi"
+check cli/ab_bench_clocks 0 '\| 1 \| fine-7b \| here \| [0-9.]+ \| [0-9.]+ \| same \| 1500 \| 650 \|' -- \
+  "${ab[@]}" PATH="$tmp/smi:$PATH" tools/ab.sh bench
 check cli/ab_missing_build 0 '\| 1 \| fine-7b \| nope \| failed' -- \
   "${ab[@]}" BUILDS=nope tools/ab.sh bench
 check cli/ab_usage 2 'tools/ab.sh build NAME REV' -- tools/ab.sh

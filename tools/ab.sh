@@ -7,7 +7,9 @@
 #                                make's variables pass through
 #   tools/ab.sh bench            on the device: for each of $REPS rounds, each shape of $SHAPES,
 #                                each build of $BUILDS (NAME, or "here" for ./build/mok), one
-#                                `mok bench $ARGS`; logs under $OUT (or results/), a table last
+#                                `mok bench $ARGS`; logs under $OUT (or results/), a table last,
+#                                with the mean SM clock and power while the GPU was busy (GPU 0's
+#                                nvidia-smi samples every 50 ms with utilisation >= 90 %)
 #
 # Defaults: BUILDS="here", SHAPES="mixtral-8x7b", REPS=2, ARGS="--warmup 3 --repeat 20".
 set -euo pipefail
@@ -32,26 +34,38 @@ bench)
   fi
   out=${OUT:-results}/ab
   mkdir -p "$out"
+  smi=
+  trap 'if [ -n "$smi" ]; then kill "$smi" 2> /dev/null || true; fi' EXIT
   read -r -a args <<< "${ARGS:---warmup 3 --repeat 20}"
   table="$out/table.md"
-  echo "| round | shape | build | fwd ms | bwd ms | bits |" > "$table"
-  echo "|---|---|---|---:|---:|---|" >> "$table"
+  echo "| round | shape | build | fwd ms | bwd ms | bits | SM MHz | W |" > "$table"
+  echo "|---|---|---|---:|---:|---|---:|---:|" >> "$table"
   for r in $(seq "${REPS:-2}"); do
     for shape in ${SHAPES:-mixtral-8x7b}; do
       for b in ${BUILDS:-here}; do
         bin=./build/mok
         [ "$b" = here ] || bin=exp/$b/mok
         log="$out/$b-$shape-$r.log"
-        rc=0
+        rc=0 smi=
+        : > "$log.smi"
+        if command -v nvidia-smi > /dev/null; then
+          nvidia-smi -i 0 --query-gpu=clocks.sm,power.draw,utilization.gpu \
+            --format=csv,noheader,nounits -lms 50 > "$log.smi" 2> /dev/null &
+          smi=$!
+        fi
         "$bin" bench --shape "$shape" "${args[@]}" > "$log" 2>&1 || rc=$?
+        if [ -n "$smi" ]; then kill "$smi" 2> /dev/null || true; wait "$smi" 2> /dev/null || true; fi
         fwd=$(awk '$1 == "forward" {print $2; exit}' "$log")
         bwd=$(awk '$1 == "backward" {print $2; exit}' "$log")
         if [ -z "$fwd" ] || [ -z "$bwd" ]; then
-          echo "| $r | $shape | $b | failed (exit $rc) | see $log | |" | tee -a "$table"
+          echo "| $r | $shape | $b | failed (exit $rc) | see $log | | | |" | tee -a "$table"
           continue
         fi
         bits=$(grep -q "repeated bits: identical" "$log" && echo same || echo DIFFER)
-        echo "| $r | $shape | $b | $fwd | $bwd | $bits |" | tee -a "$table"
+        busy=$(awk -F', *' '$3 + 0 >= 90 {c += $1; p += $2; n++}
+                            END {if (n) printf "%.0f | %.0f", c / n, p / n; else print "- | -"}' \
+               "$log.smi")
+        echo "| $r | $shape | $b | $fwd | $bwd | $bits | $busy |" | tee -a "$table"
       done
     done
   done
