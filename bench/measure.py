@@ -1,8 +1,11 @@
 """measure.py: how one implementation of the layer is measured (DESIGN.md §7): forward and
 backward times (CUDA events after warm-up, median of many repeats; perf_counter on the CPU),
-peak memory, and whether two runs give the same bits (a fingerprint of y and every gradient).
+the GPU's mean SM clock and power meanwhile, peak memory, and whether two runs give the same bits
+(a fingerprint of y and every gradient).
 """
+import shutil
 import statistics
+import subprocess
 import time
 
 import torch
@@ -33,6 +36,49 @@ class Clock:
     def sync(self):
         if self.cuda:
             torch.cuda.synchronize()
+
+
+def mean_samples(text):
+    """Means of nvidia-smi's "MHz, W" sample lines: (MHz, W), or (None, None) if none parse."""
+    rows = []
+    for line in text.splitlines():
+        try:
+            rows.append([float(v) for v in line.split(",")][:2])
+        except ValueError:
+            continue
+    rows = [r for r in rows if len(r) == 2]
+    if not rows:
+        return None, None
+    return sum(r[0] for r in rows) / len(rows), sum(r[1] for r in rows) / len(rows)
+
+
+class GpuSamples:
+    """The GPU's mean SM clock (MHz) and board power (W) while a block runs, from nvidia-smi
+    samples every 20 ms: the H200 behaves as power-bound (DESIGN.md §7), so a time says more
+    with its clock. nvidia-smi needs a few tenths of a second to start, so short blocks get few
+    or no samples; the block should end with the device's work done (a synchronize). On the CPU,
+    or without nvidia-smi, mhz and watts stay None."""
+
+    def __init__(self, device):
+        self.device = torch.device(device)
+        self.proc = self.mhz = self.watts = None
+
+    def __enter__(self):
+        if self.device.type == "cuda" and shutil.which("nvidia-smi"):
+            props = torch.cuda.get_device_properties(self.device)
+            gpu = getattr(props, "pci_bus_id", None) or str(self.device.index or 0)
+            self.proc = subprocess.Popen(
+                ["nvidia-smi", "-i", str(gpu), "--query-gpu=clocks.sm,power.draw",
+                 "--format=csv,noheader,nounits", "-lms", "20"],
+                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        return self
+
+    def __exit__(self, *exc):
+        if self.proc is not None:
+            self.proc.terminate()
+            out, _ = self.proc.communicate()
+            self.mhz, self.watts = mean_samples(out)
+        return False
 
 
 def _leaves(ins):
@@ -91,21 +137,23 @@ def measure(fn, ins, dy, budget_s=1.0, min_reps=5, max_reps=50, warmup=2):
     reps = int(min(max_reps, max(min_reps, budget_s / per_iter)))
 
     pairs = []
-    for _ in range(reps):
-        a = clock.mark()
-        y = _call(fn, ins)
-        pairs.append((a, clock.mark()))
-        del y
-    fwd = clock.ms(pairs)
+    with GpuSamples(dy.device) as fwd_gpu:
+        for _ in range(reps):
+            a = clock.mark()
+            y = _call(fn, ins)
+            pairs.append((a, clock.mark()))
+            del y
+        fwd = clock.ms(pairs)
 
     pairs = []
-    for _ in range(reps):
-        y = _call(fn, ins)
-        a = clock.mark()
-        g = torch.autograd.grad(y, _leaves(ins), dy)
-        pairs.append((a, clock.mark()))
-        del y, g
-    bwd = clock.ms(pairs)
+    with GpuSamples(dy.device) as bwd_gpu:
+        for _ in range(reps):
+            y = _call(fn, ins)
+            a = clock.mark()
+            g = torch.autograd.grad(y, _leaves(ins), dy)
+            pairs.append((a, clock.mark()))
+            del y, g
+        bwd = clock.ms(pairs)
 
     peak = None
     if cuda:
@@ -123,11 +171,14 @@ def measure(fn, ins, dy, budget_s=1.0, min_reps=5, max_reps=50, warmup=2):
     del y, g
     return dict(fwd_ms=statistics.median(fwd), bwd_ms=statistics.median(bwd),
                 fwd_ms_min=min(fwd), bwd_ms_min=min(bwd), repeats=reps, peak_bytes=peak,
+                fwd_mhz=fwd_gpu.mhz, fwd_watts=fwd_gpu.watts, bwd_mhz=bwd_gpu.mhz,
+                bwd_watts=bwd_gpu.watts,
                 fingerprint=first, bits_equal=first == second)
 
 
 def dense_gemm_tflops(device, n=8192, reps=20):
-    """The ceiling: torch.matmul of two random n x n bf16 matrices (cuBLAS on a GPU)."""
+    """The ceiling: torch.matmul of two random n x n bf16 matrices (cuBLAS on a GPU), `reps` in
+    a row, with the GPU's mean clock and power meanwhile."""
     a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
     b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
     clock = Clock(device)
@@ -135,9 +186,11 @@ def dense_gemm_tflops(device, n=8192, reps=20):
         a @ b
     clock.sync()
     pairs = []
-    for _ in range(reps):
-        s = clock.mark()
-        a @ b
-        pairs.append((s, clock.mark()))
-    ms = statistics.median(clock.ms(pairs))
-    return dict(n=n, ms=ms, tflops=2 * n ** 3 / ms / 1e9)
+    with GpuSamples(device) as gpu:
+        for _ in range(reps):
+            s = clock.mark()
+            a @ b
+            pairs.append((s, clock.mark()))
+        ms = statistics.median(clock.ms(pairs))
+    return dict(n=n, ms=ms, tflops=2 * n ** 3 / ms / 1e9, reps=reps, mhz=gpu.mhz,
+                watts=gpu.watts)

@@ -30,12 +30,28 @@ def _pct(v):
     return "–" if v is None else f"{100 * v:.0f}%"
 
 
+def _mhz_w(mhz, watts):
+    return "–" if mhz is None else f"{mhz:.0f}, {watts:.0f}"
+
+
+def _gpu(c):
+    return "" if c.get("mhz") is None else f", {c['mhz']:.0f} MHz, {c['watts']:.0f} W"
+
+
+def _sustained(c):
+    s = c.get("sustained")
+    if not s:
+        return ""
+    return f"; {s['reps']} in a row: {s['tflops']:.0f} TFLOP/s{_gpu(s)}"
+
+
 def markdown(meta, ceiling, check, results):
     lines = [f"# mok benchmark: {meta['date']}, commit {meta['commit']}, {meta['device_name']}",
              "",
              f"torch {meta['torch']}, mok {meta['mok']}, python {meta['python']}. "
              f"Ceiling: dense bf16 GEMM {ceiling['n']}³ at {ceiling['tflops']:.0f} TFLOP/s "
-             f"({ceiling['ms']:.3f} ms), measured in this run. "
+             f"({ceiling['ms']:.3f} ms, {ceiling['reps']} in a row{_gpu(ceiling)}), measured in "
+             f"this run{_sustained(ceiling)}. "
              f"Baseline check: {check['summary']}.",
              "",
              "Times are medians of the repeats (CUDA events after warm-up); bwd is autograd of y "
@@ -43,17 +59,19 @@ def markdown(meta, ceiling, check, results):
              "6·T·k·H·I + 6·T·H·I_s, bwd twice that. *vs best*: best torch baseline's ms / this "
              "ms (> 1 is faster). *ceil*: share of the dense GEMM rate. *peak*: "
              "max_memory_allocated growth over one forward+backward (mok: + its workspace). "
-             "*bits*: two runs gave identical y and gradients.",
+             "*bits*: two runs gave identical y and gradients. *MHz, W*: the GPU's mean SM "
+             "clock and power during the timed forwards, and during the backward loop (which "
+             "runs a forward before each timed backward), from nvidia-smi every 20 ms.",
              ""]
     for n in meta.get("notes", []):
         lines.append(f"- {n}")
     lines += ["", "| shape | impl | T | fwd ms | bwd ms | fwd TF/s | bwd TF/s | vs best fwd | "
-              "vs best bwd | fwd ceil | bwd ceil | peak GiB | bits |",
-              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+              "vs best bwd | fwd ceil | bwd ceil | peak GiB | bits | fwd MHz, W | bwd MHz, W |",
+              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|"]
     for r in results:
         if r.get("status", "ok") != "ok":
             lines.append(f"| {r['shape']} | {r['impl']} | {r['tokens']} | {r['status']} "
-                         f"|  |  |  |  |  |  |  |  |  |")
+                         f"|  |  |  |  |  |  |  |  |  |  |  |")
             continue
         peak = None if r.get("peak_bytes") is None else r["peak_bytes"] / 2 ** 30
         lines.append(
@@ -61,7 +79,9 @@ def markdown(meta, ceiling, check, results):
             f"{r['bwd_ms']:.3f} | {r['fwd_tflops']:.3g} | {r['bwd_tflops']:.3g} | "
             f"{_f(r['vs_best_fwd'], '.2f')} | {_f(r['vs_best_bwd'], '.2f')} | "
             f"{_pct(r['of_ceiling_fwd'])} | {_pct(r['of_ceiling_bwd'])} | "
-            f"{_f(peak, '.2f')} | {'yes' if r['bits_equal'] else 'NO'} |")
+            f"{_f(peak, '.2f')} | {'yes' if r['bits_equal'] else 'NO'} | "
+            f"{_mhz_w(r.get('fwd_mhz'), r.get('fwd_watts'))} | "
+            f"{_mhz_w(r.get('bwd_mhz'), r.get('bwd_watts'))} |")
     return "\n".join(lines) + "\n"
 
 

@@ -36,3 +36,13 @@ def test_bench_smoke(tmp_path):
     assert {"torch grouped_mm", "torch grouped_mm deterministic", "torch loop"} <= impls
     assert all(r["status"] == "ok" for r in res["results"]), res["results"]
     assert "| shape | impl |" in (out / "bench.md").read_text()
+
+
+def test_gpu_samples_mean_and_skip_what_does_not_parse():
+    pytest.importorskip("torch")
+    from measure import GpuSamples, mean_samples
+    assert mean_samples("1500, 600.5\n1700, 700.5\n[N/A], [N/A]\n\n") == (1600.0, 650.5)
+    assert mean_samples("") == (None, None)
+    with GpuSamples("cpu") as s:  # no GPU to sample: nothing started, nothing reported
+        pass
+    assert s.proc is None and s.mhz is None and s.watts is None
