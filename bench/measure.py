@@ -66,7 +66,11 @@ class GpuSamples:
     def __enter__(self):
         if self.device.type == "cuda" and shutil.which("nvidia-smi"):
             props = torch.cuda.get_device_properties(self.device)
-            gpu = getattr(props, "pci_bus_id", None) or str(self.device.index or 0)
+            pci = [getattr(props, f"pci_{k}_id", None) for k in ("domain", "bus", "device")]
+            # nvidia-smi numbers GPUs without CUDA_VISIBLE_DEVICES; a PCI address is the same
+            # GPU for both.
+            gpu = (f"{pci[0]:08X}:{pci[1]:02X}:{pci[2]:02X}.0" if None not in pci
+                   else str(self.device.index or 0))
             self.proc = subprocess.Popen(
                 ["nvidia-smi", "-i", str(gpu), "--query-gpu=clocks.sm,power.draw",
                  "--format=csv,noheader,nounits", "-lms", "20"],
