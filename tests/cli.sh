@@ -120,6 +120,13 @@ STUB
   check cli/gpu_check_ep_1_gpu_launches_nothing 1 '' -- test -e "$tmp/gc/launches"
   check cli/gpu_check_ep_launch_fails 1 'ep2-tests +FAIL  rc=3.*ep-bench +FAIL' -- \
     env GPUS=2 EP_RC=3 "${gc[@]}"
+  # sanitize: memcheck and racecheck of the small-shape test, through a recording stand-in.
+  printf '#!/bin/sh\necho "$*" >>"$OUT/sanitizer"\n' >"$tmp/stub/compute-sanitizer"
+  chmod +x "$tmp/stub/compute-sanitizer"
+  check cli/gpu_check_sanitize 0 'memcheck +ok.*racecheck +ok' -- \
+    env PATH="$tmp/stub:$PATH" OUT="$tmp/gc" tools/gpu-check.sh sanitize
+  check cli/gpu_check_sanitize_runs 0 '^--tool memcheck --error-exitcode 1 ./build/test_gpu gpu/layer_vs_cpu_small_shapes --tool racecheck' -- \
+    cat "$tmp/gc/sanitizer"
 fi
 
 if $mok info | grep -q 'CUDA devices visible: 0'; then

@@ -2,7 +2,9 @@
 # gpu-check.sh: the one command for the device (make gpu-check). Builds everything, runs the GPU
 # tests, the Python tests (torch, CUDA) and the benchmark, writes full logs under $OUT (or
 # results/ when $OUT is unset) and prints a short summary last; exit status 1 if a step failed.
-# Usage: tools/gpu-check.sh [tests|bench|all|ep]   (default all)
+# Usage: tools/gpu-check.sh [tests|bench|all|sanitize|ep]   (default all)
+#   sanitize: compute-sanitizer's memcheck and racecheck on the small-shape GPU test (minutes
+#       each, so not in all); clusters of 2 x 1 and of 2 x 2 both run there.
 #   ep: expert parallelism over every visible GPU, one process per GPU (issue 7): the GPU tests,
 #       python/tests/ep_nccl.py (D4 against ep = 1, a late rank, a missing rank) at ep = 2, 4 and
 #       8 as far as the GPUs go, then bench/ep.py at the largest; NVLink multicast off. It can
@@ -43,6 +45,12 @@ if [ "$what" = tests ] || [ "$what" = all ]; then
 fi
 if [ "$what" = bench ] || [ "$what" = all ]; then
   step bench 480 python3 bench/run.py --out "$out"
+fi
+if [ "$what" = sanitize ]; then
+  for tool in memcheck racecheck; do
+    step "$tool" 540 compute-sanitizer --tool "$tool" --error-exitcode 1 \
+      ./build/test_gpu gpu/layer_vs_cpu_small_shapes
+  done
 fi
 if [ "$what" = ep ]; then
   export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
