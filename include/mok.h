@@ -184,12 +184,14 @@ typedef struct mok_grads {     /* same shapes as mok_weights; bf16 or fp32 per m
 } mok_grads;
 
 typedef struct mok_backward_args {
-  int64_t tokens;              /* T, as in the forward that filled `saved` */
+  int64_t tokens;              /* T, as in the forward that filled `saved` (the CPU backend
+                                * refuses others with MOK_ERR_INVALID_ARG) */
   const void *x;               /* [T, H] bf16, the forward's input */
   const int32_t *topk_ids;     /* [T, k], the forward's */
   const float *topk_weights;   /* [T, k], the forward's */
   mok_weights w;
-  const void *saved;           /* filled by mok_forward or mok_recompute with these inputs */
+  const void *saved;           /* filled by mok_forward or mok_recompute with these inputs
+                                * (mok_schedule alone does not fill it) */
   const void *dy;              /* [T, H] bf16 */
   void *dx;                    /* [T, H] bf16, out */
   float *d_topk_weights;       /* [T, k] fp32, out */

@@ -28,6 +28,7 @@ typedef struct rank_run {
   int64_t y_bytes, dtw_bytes, g_bytes[G_COUNT];
   int absent;              /* never calls (the timeout test) */
   mok_status fwd, bwd;
+  char bwd_msg[256];       /* mok_last_error() on the rank's thread after backward */
 } rank_run;
 
 typedef struct ep_setup {
@@ -139,6 +140,7 @@ static void *forward_main(void *p) {
 static void *backward_main(void *p) {
   rank_run *u = p;
   u->bwd = mok_backward(u->ws, &u->b, NULL);
+  snprintf(u->bwd_msg, sizeof u->bwd_msg, "%s", mok_last_error());
   return NULL;
 }
 
@@ -369,6 +371,24 @@ static void refused_arguments_on_one_rank(void) {
             mok_status_name(s.run[r].bwd));
       CHECK(untouched(s.run[r].b.dx, s.run[r].y_bytes), "rank %d: dx written", r);
     }
+    /* Rank 2's backward of other tokens than its forward's (its saved's): refused on the host by
+     * the CPU backend, and so on every rank, at once, dx untouched. */
+    s.run[2].b.tokens = s.run[2].f.tokens - 1;
+    const double t1 = now_s();
+    run_all(&s, backward_main);
+    CHECK(now_s() - t1 < 2.0, "the tokens refusal took %.3f s (a timeout?)", now_s() - t1);
+    s.run[2].b.tokens = s.run[2].f.tokens;
+    CHECK(strstr(s.run[2].bwd_msg, "filled by a call of 24 tokens"), "rank 2 says '%s'",
+          s.run[2].bwd_msg);
+    for (int r = 0; r < 4; r++) {
+      CHECK(s.run[r].bwd == MOK_ERR_INVALID_ARG, "rank %d: backward of other tokens: %s (%s)", r,
+            mok_status_name(s.run[r].bwd), s.run[r].bwd_msg);
+      CHECK(untouched(s.run[r].b.dx, s.run[r].y_bytes), "rank %d: dx written", r);
+    }
+    run_all(&s, backward_main); /* the group still works */
+    for (int r = 0; r < 4; r++)
+      CHECK(s.run[r].bwd == MOK_OK, "rank %d: backward after the refusals: %s (%s)", r,
+            mok_status_name(s.run[r].bwd), s.run[r].bwd_msg);
   }
   teardown(&s);
   mok_host_layer_destroy(&L);

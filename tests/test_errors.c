@@ -270,7 +270,62 @@ static void bad_expert_id(void) {
   harness_fini(&h);
 }
 
+/* Every output but saved to POISON; saved keeps what the last call left in it. */
+static void poison_outputs(harness *h) {
+  void *keep = malloc(h->saved_bytes);
+  CHECK(keep != NULL, "malloc");
+  if (!keep) return;
+  memcpy(keep, h->saved, h->saved_bytes);
+  harness_poison(h, POISON);
+  memcpy(h->saved, keep, h->saved_bytes);
+  free(keep);
+}
+
+/* Backward reads saved at offsets that depend on its tokens: a saved filled by a call of other
+ * tokens (or by mok_schedule alone, without the activations) is refused with MOK_ERR_INVALID_ARG,
+ * every output untouched, instead of reading the wrong rows, or past the end of a smaller saved. */
+static void saved_of_another_call(void) {
+  const mok_shape s = {16, 32, 16, 8, 4, 2, MOK_BF16, 0};
+  harness h;
+  if (harness_init(&h, &s, 16, 43, 0)) {
+    const struct {
+      int op;
+      int64_t fill_tokens, backward_tokens;
+      mok_status want;
+      const char *word;
+    } cases[] = {
+        {OP_FORWARD, 8, 16, MOK_ERR_INVALID_ARG, "filled by a call of 8 tokens"},
+        {OP_FORWARD, 16, 8, MOK_ERR_INVALID_ARG, "filled by a call of 16 tokens"},
+        {OP_RECOMPUTE, 16, 1, MOK_ERR_INVALID_ARG, "filled by a call of 16 tokens"},
+        {OP_SCHEDULE, 16, 16, MOK_ERR_INVALID_ARG, "only a schedule"},
+        {OP_SCHEDULE, 8, 16, MOK_ERR_INVALID_ARG, "filled by a call of 8 tokens"},
+        {OP_FORWARD, 8, 8, MOK_OK, ""},
+        {OP_RECOMPUTE, 16, 16, MOK_OK, ""},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+      call c = {h.ws, harness_forward_args(&h), harness_backward_args(&h, MOK_GRAD_WRITE_BF16)};
+      c.f.tokens = cases[i].fill_tokens;
+      c.b.tokens = cases[i].backward_tokens;
+      harness_poison(&h, POISON);
+      CHECK_OK(run_op(cases[i].op, &c));
+      poison_outputs(&h);
+      mok_status st = mok_backward(h.ws, &c.b, NULL);
+      CHECK(st == cases[i].want, "case %zu: op %d of %lld tokens, backward of %lld: %s (%s)", i,
+            cases[i].op, (long long)cases[i].fill_tokens, (long long)cases[i].backward_tokens,
+            mok_status_name(st), mok_last_error());
+      if (cases[i].want == MOK_OK) continue;
+      CHECK(strstr(mok_last_error(), cases[i].word) != NULL, "case %zu: '%s' does not say '%s'",
+            i, mok_last_error(), cases[i].word);
+      const char *t = touched_output(&h, POISON, 0);
+      CHECK(t == NULL, "case %zu: %s was written", i, t);
+      CHECK_OK(mok_check(h.ws, NULL)); /* a refused argument, not a device-side error */
+    }
+  }
+  harness_fini(&h);
+}
+
 const test_case tests_errors[] = {
     {"cpu/errors_bad_arguments", bad_arguments},
     {"cpu/errors_bad_expert_id", bad_expert_id},
+    {"cpu/errors_saved_of_another_call", saved_of_another_call},
     {NULL, NULL}};
