@@ -116,9 +116,11 @@ static mok_status check_shape(const mok_context *ctx, const mok_shape *s) {
   CHECK_ARG(s->routed_rows >= 0 && s->routed_rows <= ((int64_t)1 << 31),
             "routed_rows is %lld; expected 0 (the worst case) .. 2^31",
             (long long)s->routed_rows);
-  if (s->precision != MOK_BF16)
-    return mok_fail(MOK_ERR_UNSUPPORTED, "precision %d: only MOK_BF16 is supported",
-                    (int)s->precision);
+  CHECK_ARG(s->precision == MOK_BF16 || s->precision == MOK_FP8,
+            "precision is %d; expected MOK_BF16 (0)", (int)s->precision);
+  if (s->precision == MOK_FP8)
+    return mok_fail(MOK_ERR_UNSUPPORTED, "precision is MOK_FP8, which mok does not support yet "
+                                         "(DESIGN.md section 8); expected MOK_BF16");
   return MOK_OK;
 }
 

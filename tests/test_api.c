@@ -140,8 +140,11 @@ static void workspace_arguments(void) {
       {"top_k", {64, 32, 16, 8, 4, 0, MOK_BF16, 0}, MOK_ERR_INVALID_ARG},
       {"top_k", {64, 32, 16, 8, 4, 5, MOK_BF16, 0}, MOK_ERR_INVALID_ARG},
       {"max_tokens * top_k", {1 << 20, 32, 16, 8, 128, 128, MOK_BF16, 0}, MOK_ERR_INVALID_ARG},
-      {"precision", {64, 32, 16, 8, 4, 2, MOK_FP8, 0}, MOK_ERR_UNSUPPORTED},
-      {"precision", {64, 32, 16, 8, 4, 2, (mok_precision)9, 0}, MOK_ERR_UNSUPPORTED},
+      {"MOK_FP8, which mok does not support", {64, 32, 16, 8, 4, 2, MOK_FP8, 0},
+       MOK_ERR_UNSUPPORTED},
+      {"precision is 9; expected MOK_BF16", {64, 32, 16, 8, 4, 2, (mok_precision)9, 0},
+       MOK_ERR_INVALID_ARG},
+      {"precision is -1", {64, 32, 16, 8, 4, 2, (mok_precision)-1, 0}, MOK_ERR_INVALID_ARG},
       {"routed_rows", {64, 32, 16, 8, 4, 2, MOK_BF16, -1}, MOK_ERR_INVALID_ARG},
   };
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
