@@ -155,7 +155,8 @@ size_t mok_workspace_bytes(const mok_workspace *ws);
 
 /* Bytes of the `saved` buffer a call with `tokens` tokens needs: the schedule and the activations
  * backward reads (gate/up pre-activations and the weighted SwiGLU output). One per call in flight:
- * forward (or recompute) fills it, backward of the same inputs reads it. 256-byte aligned. */
+ * forward (or recompute) fills it, backward of the same inputs reads it. 256-byte aligned.
+ * 0 when ws is NULL or tokens is outside 1..max_tokens; mok_last_error() then says which. */
 size_t mok_saved_bytes(const mok_workspace *ws, int64_t tokens);
 
 /* ---- the layer ------------------------------------------------------------------------------ */

@@ -170,7 +170,15 @@ void mok_workspace_destroy(mok_workspace *ws) {
 size_t mok_workspace_bytes(const mok_workspace *ws) { return ws ? ws->bytes : 0; }
 
 size_t mok_saved_bytes(const mok_workspace *ws, int64_t tokens) {
-  if (!ws || tokens < 1 || tokens > ws->shape.max_tokens) return 0;
+  if (!ws) {
+    mok_fail(MOK_ERR_INVALID_ARG, "ws is NULL; create one with mok_workspace_create");
+    return 0;
+  }
+  if (tokens < 1 || tokens > ws->shape.max_tokens) {
+    mok_fail(MOK_ERR_INVALID_ARG, "tokens is %lld; expected 1..max_tokens (%lld)",
+             (long long)tokens, (long long)ws->shape.max_tokens);
+    return 0;
+  }
   return mok_saved_layout_of(ws, tokens).bytes;
 }
 

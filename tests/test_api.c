@@ -159,8 +159,16 @@ static void workspace_arguments(void) {
     size_t one = mok_saved_bytes(ws, 1), all = mok_saved_bytes(ws, good.max_tokens);
     CHECK(one > 0 && one % 256 == 0 && all % 256 == 0 && all >= one,
           "saved_bytes: %zu for 1 token, %zu for max_tokens", one, all);
+    /* A size query has no status: 0 and a message. */
     CHECK(mok_saved_bytes(ws, 0) == 0, "saved_bytes(0)");
+    CHECK(strstr(mok_last_error(), "tokens is 0; expected 1..max_tokens (64)"),
+          "saved_bytes(0) left '%s'", mok_last_error());
+    CHECK(mok_saved_bytes(ws, -3) == 0, "saved_bytes(-3)");
+    CHECK(strstr(mok_last_error(), "tokens is -3"), "saved_bytes(-3) left '%s'",
+          mok_last_error());
     CHECK(mok_saved_bytes(ws, good.max_tokens + 1) == 0, "saved_bytes(max_tokens + 1)");
+    CHECK(strstr(mok_last_error(), "tokens is 65"), "saved_bytes(65) left '%s'",
+          mok_last_error());
     CHECK_OK(mok_check(ws, NULL));
 
     int32_t counts[4];
@@ -175,6 +183,7 @@ static void workspace_arguments(void) {
   }
   CHECK(mok_workspace_bytes(NULL) == 0, "workspace_bytes(NULL)");
   CHECK(mok_saved_bytes(NULL, 1) == 0, "saved_bytes(NULL)");
+  CHECK(strstr(mok_last_error(), "ws is NULL"), "saved_bytes(NULL) left '%s'", mok_last_error());
   CHECK(mok_check(NULL, NULL) == MOK_ERR_INVALID_ARG, "check(NULL)");
   mok_workspace_destroy(ws);
   mok_context_destroy(ctx);
