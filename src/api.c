@@ -108,8 +108,9 @@ static mok_status check_shape(const mok_context *ctx, const mok_shape *s) {
             s->experts);
   CHECK_ARG(s->top_k >= 1 && s->top_k <= s->experts, "top_k is %d; expected 1..E (%d)", s->top_k,
             s->experts);
-  CHECK_ARG(s->experts % ctx->cfg.ep_size == 0, "experts (%d) is not a multiple of ep_size (%d)",
-            s->experts, ctx->cfg.ep_size);
+  CHECK_ARG(s->experts % ctx->cfg.ep_size == 0,
+            "experts (%d) is not a multiple of ep_size (%d); expected E %% ep == 0 (each rank "
+            "holds E / ep experts)", s->experts, ctx->cfg.ep_size);
   CHECK_ARG(s->max_tokens * s->top_k * ctx->cfg.ep_size <= ((int64_t)1 << 26),
             "max_tokens * top_k * ep_size is %lld; expected at most 2^26",
             (long long)(s->max_tokens * s->top_k * ctx->cfg.ep_size));
@@ -222,9 +223,9 @@ static mok_status check_weights(const mok_workspace *ws, const mok_weights *w) {
   return MOK_OK;
 }
 
-static mok_status check_call(const mok_workspace *ws, const void *args) {
+static mok_status check_call(const mok_workspace *ws, const void *args, const char *type) {
   CHECK_ARG(ws != NULL, "ws is NULL; create one with mok_workspace_create");
-  CHECK_ARG(args != NULL, "args is NULL");
+  CHECK_ARG(args != NULL, "args is NULL; expected a %s", type);
   return MOK_OK;
 }
 
@@ -239,7 +240,7 @@ static mok_status check_inputs(const mok_workspace *ws, int64_t tokens, const vo
 }
 
 static mok_status check_forward(const mok_workspace *ws, const mok_forward_args *a, int need_y) {
-  TRY(check_call(ws, a));
+  TRY(check_call(ws, a, "mok_forward_args"));
   TRY(check_inputs(ws, a->tokens, a->x, a->topk_ids, a->topk_weights, &a->w));
   if (need_y) CHECK_TENSOR(a->y, "y");
   return check_saved(a->saved);
@@ -277,7 +278,7 @@ static mok_status refuse_with_peers(mok_workspace *ws, mok_status st, void *stre
 }
 
 static mok_status check_schedule(const mok_workspace *ws, const mok_forward_args *a) {
-  TRY(check_call(ws, a));
+  TRY(check_call(ws, a, "mok_forward_args"));
   TRY(check_tokens(ws, a->tokens));
   CHECK_TENSOR(a->topk_ids, "topk_ids");
   CHECK_TENSOR(a->topk_weights, "topk_weights");
@@ -300,7 +301,7 @@ mok_status mok_recompute(mok_workspace *ws, const mok_forward_args *a, void *str
 }
 
 static mok_status check_backward(const mok_workspace *ws, const mok_backward_args *a) {
-  TRY(check_call(ws, a));
+  TRY(check_call(ws, a, "mok_backward_args"));
   TRY(check_inputs(ws, a->tokens, a->x, a->topk_ids, a->topk_weights, &a->w));
   TRY(check_saved(a->saved));
   CHECK_TENSOR(a->dy, "dy");

@@ -75,7 +75,10 @@ static void context_arguments(void) {
   bad = cfg, bad.ep_size = 2, bad.ep_rank = 1, bad.group = grp;
   CHECK_OK(mok_context_create(&bad, &ctx));
   const mok_shape s = {16, 32, 16, 0, 4, 2, MOK_BF16, 0};
-  mok_workspace *w1 = NULL, *w2 = (mok_workspace *)(uintptr_t)1;
+  mok_workspace *w1 = (mok_workspace *)(uintptr_t)1, *w2 = (mok_workspace *)(uintptr_t)1;
+  const mok_shape odd = {16, 32, 16, 0, 5, 2, MOK_BF16, 0}; /* 5 experts over 2 ranks */
+  EXPECT_FAIL(mok_workspace_create(ctx, &odd, &w1), MOK_ERR_INVALID_ARG,
+              "experts (5) is not a multiple of ep_size (2)", w1);
   CHECK_OK(mok_workspace_create(ctx, &s, &w1));
   EXPECT_FAIL(mok_workspace_create(ctx, &s, &w2), MOK_ERR_INVALID_ARG, "already has", w2);
   mok_workspace_destroy(w1);
@@ -171,14 +174,18 @@ static void workspace_arguments(void) {
           mok_last_error());
     CHECK_OK(mok_check(ws, NULL));
 
-    int32_t counts[4];
+    int32_t counts[4] = {-7, -7, -7, -7};
     void *saved = aligned_alloc(256, all);
     CHECK(mok_schedule_counts(NULL, saved, 1, counts, NULL) == MOK_ERR_INVALID_ARG, "ws NULL");
     CHECK(mok_schedule_counts(ws, saved, 0, counts, NULL) == MOK_ERR_INVALID_ARG, "tokens 0");
+    CHECK(mok_schedule_counts(ws, saved, good.max_tokens + 1, counts, NULL) ==
+              MOK_ERR_INVALID_ARG && strstr(mok_last_error(), "tokens is 65; expected 1..max"),
+          "tokens > max_tokens: '%s'", mok_last_error());
     CHECK(mok_schedule_counts(ws, NULL, 1, counts, NULL) == MOK_ERR_INVALID_ARG, "saved NULL");
     CHECK(mok_schedule_counts(ws, (char *)saved + 64, 1, counts, NULL) == MOK_ERR_ALIGNMENT,
           "saved misaligned");
     CHECK(mok_schedule_counts(ws, saved, 1, NULL, NULL) == MOK_ERR_INVALID_ARG, "counts NULL");
+    CHECK(counts[0] == -7 && counts[3] == -7, "a refused mok_schedule_counts wrote counts");
     free(saved);
   }
   CHECK(mok_workspace_bytes(NULL) == 0, "workspace_bytes(NULL)");

@@ -196,6 +196,22 @@ static void bad_arguments(void) {
       const char *t = touched_output(h, POISON, 1);
       CHECK(t == NULL, "%s: %s was written", bc->name, t);
     }
+    /* No argument struct at all. */
+    for (int op = OP_FORWARD; op <= OP_BACKWARD; op++) {
+      harness *h = &hs[0];
+      harness_poison(h, POISON);
+      mok_clear_error();
+      mok_status st = op == OP_FORWARD     ? mok_forward(h->ws, NULL, NULL)
+                      : op == OP_RECOMPUTE ? mok_recompute(h->ws, NULL, NULL)
+                      : op == OP_SCHEDULE  ? mok_schedule(h->ws, NULL, NULL)
+                                           : mok_backward(h->ws, NULL, NULL);
+      const char *want = op == OP_BACKWARD ? "args is NULL; expected a mok_backward_args"
+                                           : "args is NULL; expected a mok_forward_args";
+      CHECK(st == INV && strstr(mok_last_error(), want), "op %d with args NULL: %s (%s)", op,
+            mok_status_name(st), mok_last_error());
+      const char *t = touched_output(h, POISON, 1);
+      CHECK(t == NULL, "op %d with args NULL: %s was written", op, t);
+    }
     /* recompute takes y = NULL: it computes no y */
     harness *h = &hs[0];
     mok_forward_args f = harness_forward_args(h);
