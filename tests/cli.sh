@@ -52,6 +52,14 @@ check cli/run_ep8_same_bits 0 'dw_down +identical.*run --ep 8: PASS' -- \
   $mok run --shape dsv3 "${small[@]}" --ep 8 --grad-mode f32
 check cli/run_ep_uneven 2 "32 experts do not split over 3 ranks" -- \
   $mok run --shape dsv3 "${small[@]}" --ep 3
+# A shape the library refuses fails before the inputs of the global batch are made (the header,
+# then the error: no progress line between them; making them took over a minute here).
+check cli/bench_ep_bad_shape_fails_first 1 \
+  'grad-mode bf16 mok: error: mok_workspace_create: .*max_tokens \* top_k \* ep_size is 102400000' \
+  -- $mok bench --shape fine-7b --scale 1/64 --backend cpu --ep 64 --tokens 200000
+check cli/run_ep_one_rank_too_big_fails_first 1 \
+  'grad-mode bf16 mok: error: mok_workspace_create: .*max_tokens is 1200000.*one rank running all 2 x 600000 tokens' \
+  -- $mok run --shape fine-7b --scale 1/64 --backend cpu --ep 2 --tokens 600000
 check cli/bench_ep 0 'on 4 ranks.*backward .*repeated bits: identical.*bench: PASS' -- \
   $mok bench --shape dsv3 "${small[@]}" --ep 4 --grad-mode f32 --warmup 0 --repeat 2 \
   --json "$tmp/ep.json"

@@ -104,13 +104,12 @@ static int rank_download(ep_rank *u) {
   return 0;
 }
 
-/* Rank r of R over tokens [r T, (r+1) T) and experts [r E/R, (r+1) E/R) of L (R = 1: all), with
- * its share of the threads (all cores split between the ranks by default). */
-static int rank_init(ep_rank *u, const mok_host_layer *L, const cli_options *o, int r, int R,
-                     mok_ep_group *g, int64_t T) {
+/* Rank r of R (R = 1: all experts) with its share of the threads (all cores split between the
+ * ranks by default): its context, workspace of T tokens and output buffers. Made before the
+ * inputs, so that a bad shape fails at once rather than after generating the global batch. */
+static int rank_open(ep_rank *u, const cli_options *o, int r, int R, mok_ep_group *g,
+                     int64_t T) {
   memset(u, 0, sizeof *u);
-  const mok_shape *gs = &L->shape;
-  const int64_t H = gs->hidden, I = gs->inter, k = gs->top_k, El = gs->experts / R;
   mok_context_config cfg = MOK_CONTEXT_CONFIG_INIT;
   cfg.ep_rank = r, cfg.ep_size = R, cfg.group = R > 1 ? g : NULL;
   cfg.threads = ((o->threads > 0 ? o->threads : omp_get_max_threads()) + R - 1) / R;
@@ -119,11 +118,11 @@ static int rank_init(ep_rank *u, const mok_host_layer *L, const cli_options *o, 
   u->cuda = o->backend == MOK_BACKEND_CUDA;
   mok_status st = mok_context_create(&cfg, &u->ctx);
   if (st != MOK_OK) return tool_mok_error("mok_context_create", st);
-  mok_shape shape = *gs;
+  mok_shape shape = o->shape;
   shape.max_tokens = T;
   st = mok_workspace_create(u->ctx, &shape, &u->ws);
   if (st != MOK_OK) return tool_mok_error("mok_workspace_create", st);
-  tool_output_sizes(o, T, El, u->n, u->elem);
+  tool_output_sizes(o, T, shape.experts / R, u->n, u->elem);
   for (int i = 0; i < OUT_COUNT; i++) {
     if (!u->n[i]) continue;
     if (!(u->out[i] = aligned_alloc(256, (out_bytes(u, i) + 255) / 256 * 256))) {
@@ -131,6 +130,15 @@ static int rank_init(ep_rank *u, const mok_host_layer *L, const cli_options *o, 
       return -1;
     }
   }
+  return 0;
+}
+
+/* The opened rank r of R over tokens [r T, (r+1) T) and experts [r E/R, (r+1) E/R) of L: its
+ * saved buffer and arguments (on cuda, device copies of its inputs). */
+static int rank_bind(ep_rank *u, const mok_host_layer *L, const cli_options *o, int r, int R,
+                     int64_t T) {
+  const mok_shape *gs = &L->shape;
+  const int64_t H = gs->hidden, I = gs->inter, k = gs->top_k, El = gs->experts / R;
   const size_t saved_bytes = mok_saved_bytes(u->ws, T);
   void *saved = aligned_alloc(256, (saved_bytes + 255) / 256 * 256);
   if (!saved) {
@@ -239,21 +247,23 @@ static void world_fini(ep_world *w) {
 static int world_init(ep_world *w, const cli_options *o) {
   memset(w, 0, sizeof *w);
   w->R = o->ep, w->T = o->shape.max_tokens;
-  mok_shape gs = o->shape;
-  gs.max_tokens = w->T * w->R;
-  double t0 = tool_step("inputs of the global batch (%d ranks x %lld tokens)", w->R,
-                        (long long)w->T);
-  mok_status st = mok_host_layer_create(&gs, w->T * w->R, o->seed, &w->L);
-  if (st != MOK_OK) return tool_mok_error("mok_host_layer_create", st);
-  tool_done(t0);
-  st = mok_ep_group_create_emulated(w->R, 0, &w->g);
+  mok_status st = mok_ep_group_create_emulated(w->R, 0, &w->g);
   if (st != MOK_OK) return tool_mok_error("mok_ep_group_create_emulated", st);
   if (!(w->ranks = calloc((size_t)w->R, sizeof *w->ranks))) {
     tool_error("no host memory for %d ranks", w->R);
     return -1;
   }
+  for (int r = 0; r < w->R; r++)
+    if (rank_open(&w->ranks[r], o, r, w->R, w->g, w->T)) return -1;
+  mok_shape gs = o->shape;
+  gs.max_tokens = w->T * w->R;
+  double t0 = tool_step("inputs of the global batch (%d ranks x %lld tokens)", w->R,
+                        (long long)w->T);
+  st = mok_host_layer_create(&gs, w->T * w->R, o->seed, &w->L);
+  if (st != MOK_OK) return tool_mok_error("mok_host_layer_create", st);
+  tool_done(t0);
   for (int r = 0; r < w->R; r++) {
-    if (rank_init(&w->ranks[r], &w->L, o, r, w->R, w->g, w->T)) return -1;
+    if (rank_bind(&w->ranks[r], &w->L, o, r, w->R, w->T)) return -1;
     rank_poison(&w->ranks[r]);
   }
   return 0;
@@ -305,9 +315,15 @@ int tool_run_ep(const cli_options *o) {
   ep_rank one;
   int rc = 1, failed = 0;
   double f_ep, b_ep, f_one, b_one;
-  memset(&one, 0, sizeof one);
+  memset(&w, 0, sizeof w);
+  /* The one rank of all R*T tokens, opened first as well. */
+  if (rank_open(&one, o, 0, 1, NULL, o->shape.max_tokens * R)) {
+    tool_error("run --ep %d compares with one rank running all %d x %lld tokens; fewer --tokens "
+               "may fit", R, R, (long long)o->shape.max_tokens);
+    goto done;
+  }
   if (world_init(&w, o)) goto done;
-  if (rank_init(&one, &w.L, o, 0, 1, NULL, w.T * R)) goto done;
+  if (rank_bind(&one, &w.L, o, 0, 1, w.T * R)) goto done;
   rank_poison(&one);
   double t0 = tool_step("forward and backward on %d ranks, a thread each", R);
   if (step(w.ranks, R, &f_ep, &b_ep)) goto done;
