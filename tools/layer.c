@@ -315,6 +315,51 @@ int tool_run(tool_layer *L, int runs, double *fwd_ms, double *bwd_ms) {
   return 0;
 }
 
+/* Kernel nodes of `g`. */
+static int kernel_nodes(cudaGraph_t g, int *kernels) {
+  size_t count = 0;
+  TRY_CUDA(cudaGraphGetNodes(g, NULL, &count));
+  cudaGraphNode_t *nodes = calloc(count ? count : 1, sizeof *nodes);
+  if (!nodes) {
+    tool_error("no host memory for %zu graph nodes", count);
+    return -1;
+  }
+  cudaError_t e = cudaGraphGetNodes(g, nodes, &count);
+  *kernels = 0;
+  for (size_t i = 0; e == cudaSuccess && i < count; i++) {
+    enum cudaGraphNodeType t;
+    e = cudaGraphNodeGetType(nodes[i], &t);
+    *kernels += e == cudaSuccess && t == cudaGraphNodeTypeKernel;
+  }
+  free(nodes);
+  TRY_CUDA(e);
+  return 0;
+}
+
+/* One call captured on the layer's stream, its kernel nodes counted, the graph dropped. */
+static int captured_kernels(tool_layer *L, int backward, int *kernels) {
+  cudaStream_t s = (cudaStream_t)L->stream;
+  cudaGraph_t g = NULL;
+  TRY_CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  mok_status st = backward ? mok_backward(L->ws, &L->bwd, L->stream)
+                           : mok_forward(L->ws, &L->fwd, L->stream);
+  cudaError_t e = cudaStreamEndCapture(s, &g);
+  int rc = st != MOK_OK ? tool_mok_error(backward ? "mok_backward" : "mok_forward", st) : 0;
+  if (!rc && e != cudaSuccess) {
+    tool_error("cudaStreamEndCapture: %s: %s", cudaGetErrorName(e), cudaGetErrorString(e));
+    rc = -1;
+  }
+  if (!rc) rc = kernel_nodes(g, kernels);
+  if (g) cudaGraphDestroy(g);
+  return rc;
+}
+
+int tool_count_kernels(tool_layer *L, int *fwd, int *bwd) {
+  if (!on_cuda(L)) return 0;
+  if (captured_kernels(L, 0, fwd) || captured_kernels(L, 1, bwd)) return -1;
+  return 0;
+}
+
 int tool_download(tool_layer *L) {
   if (!on_cuda(L)) return 0;
   TRY_CUDA(cudaStreamSynchronize((cudaStream_t)L->stream));

@@ -70,6 +70,10 @@ int tool_poison(tool_layer *L);
  * mok_check. */
 int tool_run(tool_layer *L, int runs, double *fwd_ms, double *bwd_ms);
 
+/* cuda: captures one forward and one backward into CUDA graphs, which are not launched, and
+ * counts the kernel nodes of each (issue 5 asks for at most 2 per direction). */
+int tool_count_kernels(tool_layer *L, int *fwd, int *bwd);
+
 /* Copies the outputs to their host buffers (nothing to do on cpu). */
 int tool_download(tool_layer *L);
 void tool_digests(const tool_layer *L, cli_digest d[OUT_COUNT]);

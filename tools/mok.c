@@ -292,7 +292,7 @@ static void json_string(FILE *f, const char *s) {
 
 /* flops: of one forward (of every rank's tokens with --ep). */
 static int write_json(const cli_options *o, double flops, stats f, stats b, const double *fv,
-                      const double *bv, int identical) {
+                      const double *bv, const int kernels[2], int identical) {
   FILE *j = fopen(o->json, "w");
   if (!j) {
     tool_error("cannot write %s", o->json);
@@ -326,6 +326,8 @@ static int write_json(const cli_options *o, double flops, stats f, stats b, cons
           tflops(flops, f.median), tflops(2 * flops, b.median));
   write_json_times(j, "forward_ms_all", fv, o->repeat);
   write_json_times(j, "backward_ms_all", bv, o->repeat);
+  if (kernels[0])
+    fprintf(j, "  \"forward_kernels\": %d, \"backward_kernels\": %d,\n", kernels[0], kernels[1]);
   fprintf(j, "  \"identical_bits\": %s\n}\n", identical ? "true" : "false");
   if (fclose(j) != 0) {
     tool_error("cannot write %s", o->json);
@@ -336,7 +338,7 @@ static int write_json(const cli_options *o, double flops, stats f, stats b, cons
 
 /* One layer: a reference run, warm-ups, then o->repeat timed runs; the same as tool_bench_ep. */
 static int bench_layer(const cli_options *o, double *fv, double *bv, cli_digest ref[OUT_COUNT],
-                       cli_digest last[OUT_COUNT], int64_t n[OUT_COUNT]) {
+                       cli_digest last[OUT_COUNT], int64_t n[OUT_COUNT], int kernels[2]) {
   tool_layer L;
   int rc = -1;
   if (tool_layer_create(&L, o)) goto done;
@@ -349,6 +351,7 @@ static int bench_layer(const cli_options *o, double *fv, double *bv, cli_digest 
   if (tool_poison(&L) || tool_run(&L, o->repeat, fv, bv) || tool_download(&L)) goto done;
   tool_digests(&L, last);
   tool_done(t0);
+  if (tool_count_kernels(&L, &kernels[0], &kernels[1])) goto done;
   for (int i = 0; i < OUT_COUNT; i++) n[i] = L.out[i].n;
   rc = 0;
 done:
@@ -368,7 +371,9 @@ static int cmd_bench(const cli_options *o) {
     goto done;
   }
   const int ep = o->ep > 1;
-  if (ep ? tool_bench_ep(o, fv, bv, ref, last, n) : bench_layer(o, fv, bv, ref, last, n)) goto done;
+  int kernels[2] = {0, 0}; /* per forward, per backward (cuda at ep = 1) */
+  if (ep ? tool_bench_ep(o, fv, bv, ref, last, n) : bench_layer(o, fv, bv, ref, last, n, kernels))
+    goto done;
   const double flops = cli_forward_flops(&o->shape, o->shape.max_tokens * o->ep);
   const stats f = stats_of(fv, o->repeat, bv + o->repeat);
   const stats b = stats_of(bv, o->repeat, bv + o->repeat);
@@ -384,6 +389,9 @@ static int cmd_bench(const cli_options *o) {
          tflops(flops, f.median));
   printf("  %-9s %12.3f %12.3f %12.3f %10.3f\n", "backward", b.median, b.min, b.max,
          tflops(2 * flops, b.median));
+  if (kernels[0])
+    printf("  kernels per call (CUDA graph kernel nodes): forward %d, backward %d\n", kernels[0],
+           kernels[1]);
   int identical = 1, nonfinite = 0;
   printf("  repeated bits:");
   for (int i = 0; i < OUT_COUNT; i++) {
@@ -398,7 +406,7 @@ static int cmd_bench(const cli_options *o) {
                            : "");
   if (nonfinite) printf("  %d outputs hold NaN or Inf\n", nonfinite);
   rc = !identical || nonfinite;
-  if (o->json && write_json(o, flops, f, b, fv, bv, identical)) rc = 1;
+  if (o->json && write_json(o, flops, f, b, fv, bv, kernels, identical)) rc = 1;
   printf("bench: %s\n", rc ? "FAIL" : "PASS");
 done:
   free(fv);
