@@ -99,7 +99,7 @@ MOK_DEV int rowgroup_m_tiles(const gemm_args *g) {
 }
 
 MOK_DEV int rowgroup_block_count(const gemm_args *g, int bn_out, int cn) {
-  return ceil_div_dev(rowgroup_m_tiles(g), GEMM_CM) * ceil_div_dev(ceil_div_dev(g->n, bn_out), cn);
+  return gemm_blocks(rowgroup_m_tiles(g), g->n, bn_out, cn);
 }
 
 MOK_DEV gemm_tile rowgroup_tile(const gemm_args *g, int q, int bn_out, int rank, int cn) {
@@ -125,8 +125,7 @@ MOK_DEV gemm_tile rowgroup_tile(const gemm_args *g, int q, int bn_out, int rank,
 
 /* Weight-gradient products: every expert has the same output tiles; K = its padded rows. */
 MOK_DEV int wgrad_block_count(const gemm_args *g, int cn) {
-  return g->experts * ceil_div_dev(g->m_tiles_max, GEMM_CM) *
-         ceil_div_dev(ceil_div_dev(g->n, GEMM_BN), cn);
+  return g->experts * gemm_blocks(g->m_tiles_max, g->n, GEMM_BN, cn);
 }
 
 MOK_DEV gemm_tile wgrad_tile(const gemm_args *g, int q, int rank, int cn) {

@@ -396,17 +396,12 @@ cudaError_t gemm_init(int max_ctas[2]) {
   return cudaSuccess;
 }
 
-static int ceil_div(int a, int b) { return (a + b - 1) / b; }
-
 cudaError_t gemm_launch(gemm_kind kind, const gemm_args *g, int max_ctas, cudaStream_t stream) {
   const int C = GEMM_CM * g->cn;
-  const int mb = ceil_div(g->m_tiles_max, GEMM_CM);
-  int blocks; /* blocks of 2 x cn tiles, one per cluster at a time */
-  switch (kind) {
-    case GEMM_FWD_GATEUP: blocks = mb * ceil_div(ceil_div(g->n, GEMM_BN_GATEUP), g->cn); break;
-    case GEMM_WGRAD: blocks = g->experts * mb * ceil_div(ceil_div(g->n, GEMM_BN), g->cn); break;
-    default: blocks = mb * ceil_div(ceil_div(g->n, GEMM_BN), g->cn); break;
-  }
+  const int bn = kind == GEMM_FWD_GATEUP ? GEMM_BN_GATEUP : GEMM_BN;
+  /* The most blocks the kernel can walk, one per cluster at a time. */
+  const int blocks =
+      (kind == GEMM_WGRAD ? g->experts : 1) * gemm_blocks(g->m_tiles_max, g->n, bn, g->cn);
   int ctas = C * blocks < max_ctas ? C * blocks : max_ctas;
   if (ctas < C) ctas = C;
   cudaLaunchAttribute attr;

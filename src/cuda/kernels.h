@@ -122,6 +122,12 @@ typedef struct gemm_args {
   int accumulate;   /* weight gradients: 1 = fp32 out += acc, 0 = bf16 out = acc */
 } gemm_args;
 
+/* Blocks of GEMM_CM x cn tiles over m_tiles x ceil(n / bn) tiles, per expert: what a kernel
+ * walks (with the real M tiles) and what its grid is sized from (with m_tiles_max). */
+static inline __host__ __device__ int gemm_blocks(int m_tiles, int n, int bn, int cn) {
+  return (m_tiles + GEMM_CM - 1) / GEMM_CM * (((n + bn - 1) / bn + cn - 1) / cn);
+}
+
 /* Once per device, before any launch and outside graph capture: sets the kernels' attributes and
  * gives, for clusters of 2 x cn CTAs (cn = 1, 2; one CTA per SM), the most CTAs resident at once. */
 cudaError_t gemm_init(int max_ctas[2]);
