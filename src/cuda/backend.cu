@@ -451,10 +451,10 @@ static mok_status map3(CUtensorMap *m, const void *p, int64_t b, int64_t rows, i
 
 /* The cluster shape of a product (gemm.cuh): the context's knob, or chosen here. Clusters of
  * 2 x 2 CTAs move a quarter less data from L2 to the SMs than 2 x 1, but only 30 of them fit on
- * an H200 (120 CTAs), and a product with an odd number of N tiles leaves a CTA of the last
- * cluster of each row idle. Measured (DESIGN §2.2): at 2 x 2 the backward as a whole, run back to
- * back, is faster on the large shapes (per kernel in isolation only dgrad_gateup gains), the
- * forward slower. The backward products' N tiles are GEMM_BN wide; the forward's are not counted,
+ * an H200 (120 CTAs), and a product with an odd number of N tiles leaves two CTAs of the last
+ * cluster of each block row idle. Measured (DESIGN §2.2): at 2 x 2 the backward as a whole, run
+ * back to back, is faster on the large shapes (per kernel in isolation only dgrad_gateup gains
+ * clearly), the forward slower. The backward products' N tiles are GEMM_BN wide; the forward's are not counted,
  * they always take 2 x 1. Emulated ranks always take 2 x 1: their GEMMs share one GPU, where
  * clusters of 4 of several ranks were not tested to fit at once (mok_context_create refuses the
  * knob at 4 for them). Sets g->cn. */
