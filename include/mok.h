@@ -185,8 +185,9 @@ typedef struct mok_grads {     /* same shapes as mok_weights; bf16 or fp32 per m
 } mok_grads;
 
 typedef struct mok_backward_args {
-  int64_t tokens;              /* T, as in the forward that filled `saved` (the CPU backend
-                                * refuses others with MOK_ERR_INVALID_ARG) */
+  int64_t tokens;              /* T, as in the forward that filled `saved`; with any other
+                                * saved, backward leaves its outputs untouched and fails with
+                                * MOK_ERR_INVALID_ARG (CPU: returned; CUDA: from mok_check) */
   const void *x;               /* [T, H] bf16, the forward's input */
   const int32_t *topk_ids;     /* [T, k], the forward's */
   const float *topk_weights;   /* [T, k], the forward's */
@@ -210,8 +211,10 @@ mok_status mok_recompute(mok_workspace *ws, const mok_forward_args *a, void *str
 mok_status mok_backward(mok_workspace *ws, const mok_backward_args *a, void *stream);
 
 /* Waits for `stream`, then reports (and clears) any device-side error raised since the last check:
- * MOK_ERR_EXPERT_ID, MOK_ERR_CAPACITY or MOK_ERR_TIMEOUT. A call that raised one left its outputs
- * untouched. Synchronises: for tests and debugging, not the training loop. */
+ * MOK_ERR_EXPERT_ID, MOK_ERR_CAPACITY, MOK_ERR_TIMEOUT, or MOK_ERR_INVALID_ARG (a CUDA backward
+ * whose saved was not filled for its tokens, or a call refused on another rank). A call that
+ * raised one left its outputs untouched. Synchronises: for tests and debugging, not the training
+ * loop. */
 mok_status mok_check(mok_workspace *ws, void *stream);
 
 /* Copies the per-expert routed row counts of the schedule in `saved` to counts[E_local] on the

@@ -341,6 +341,11 @@ mok_status mok_check(mok_workspace *ws, void *stream) {
   if (bits & MOK_DEVERR_TIMEOUT)
     return mok_fail(MOK_ERR_TIMEOUT, "a rank of the EP group did not arrive within the group's "
                                      "timeout; the group is failed now, create a new one");
+  if (bits & MOK_DEVERR_SAVED)
+    return mok_fail(MOK_ERR_INVALID_ARG,
+                    "a backward was given a saved that no forward or recompute of its tokens "
+                    "filled (on this rank or another of the EP group); expected the tokens and the "
+                    "saved of one forward; its outputs were left untouched");
   if (bits & MOK_DEVERR_PEER_ARG)
     return mok_fail(MOK_ERR_INVALID_ARG, "a call was refused on another rank of the EP group for "
                                          "a bad argument; it was left undone on every rank");

@@ -36,7 +36,23 @@ static inline size_t mok_take(size_t *cursor, int64_t bytes) {
 /* Device-side error codes stored in error words (int32). Zero means fine. */
 enum { MOK_DEVERR_NONE = 0, MOK_DEVERR_EXPERT_ID = 1, MOK_DEVERR_CAPACITY = 2,
        MOK_DEVERR_TIMEOUT = 4,
-       MOK_DEVERR_PEER_ARG = 8 /* a rank of the EP group had this call refused by api.c */ };
+       MOK_DEVERR_PEER_ARG = 8, /* a rank of the EP group had this call refused by api.c */
+       MOK_DEVERR_SAVED = 16 /* a backward's saved was not filled by a forward (or recompute) of
+                              * its tokens (the CUDA backend's check; the CPU one refuses it
+                              * on the host) */ };
+
+/* The four int32 words of a call's status, the first 16 bytes of `saved`. Backward checks TOKENS
+ * and FILLED against its own call before it reads anything else of saved: saved's layout depends
+ * on the call's tokens, so a backward of other tokens would read the wrong rows (or past the end
+ * of a smaller buffer). */
+enum {
+  MOK_STATUS_BITS = 0,   /* device-error bits of the call (MOK_DEVERR_*) */
+  MOK_STATUS_OPEN = 1,   /* CUDA with an EP group: the bits every rank agreed on at the opening
+                          * barrier */
+  MOK_STATUS_TOKENS = 2, /* tokens of the call that filled saved (set by the schedule) */
+  MOK_STATUS_FILLED = 3  /* 1 once forward or recompute wrote the activations; 0 after a
+                          * schedule alone */
+};
 
 /* The per-call `saved` buffer: schedule, then the activations backward reads.
  * Every offset is in bytes from the start of `saved` and a multiple of MOK_ALIGN. */

@@ -50,7 +50,7 @@ typedef struct cpu_state {
  * (the const of mok_backward_args.saved is dropped here; backward never writes through it). */
 typedef struct cpu_saved {
   int64_t rows_cap;
-  int32_t *status;        /* [4]: CPU_STATUS_* below */
+  int32_t *status;        /* [4]: MOK_STATUS_* (internal.h) */
   int32_t *counts;        /* [E_local] */
   int32_t *offsets;       /* [E_local + 1] */
   int32_t *row_src;       /* [rows_cap] rank * max_tokens * k + slot t*k + j, -1 on padding */
@@ -61,16 +61,6 @@ typedef struct cpu_saved {
   uint16_t *gus;          /* [T, 2I_s] */
   uint16_t *hs;           /* [T, I_s] */
 } cpu_saved;
-
-/* The words of cpu_saved.status. Backward checks TOKENS and FILLED against its own call before
- * reading anything else of saved: the layout of saved depends on the call's tokens, so a backward
- * of other tokens would read the wrong rows (or past the end of a smaller buffer). */
-enum {
-  CPU_STATUS_BITS = 0,   /* device-error bits of the call (MOK_DEVERR_*) */
-  CPU_STATUS_TOKENS = 1, /* tokens of the call that filled saved (set first by the schedule) */
-  CPU_STATUS_FILLED = 2  /* 1 once forward or recompute wrote the activations; 0 after a
-                          * schedule alone */
-};
 
 static inline cpu_state *cpu_state_of(const mok_workspace *ws) { return (cpu_state *)ws->backend; }
 /* The state of rank `rank` of ws's EP group (ws's own at ep = 1): its symmetric buffers. */

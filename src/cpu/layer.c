@@ -44,7 +44,7 @@ mok_status cpu_layer_forward(mok_workspace *ws, const mok_forward_args *a, int c
   cpu_dispatch(ws, &sv, 0);
   cpu_expert_forward(ws, &a->w, &sv, compute_y);
   cpu_shared_forward(ws, &a->w, &sv, a->x, T, compute_y);
-  sv.status[CPU_STATUS_FILLED] = 1;
+  sv.status[MOK_STATUS_FILLED] = 1;
   s = close_direction(ws);
   if (s != MOK_OK) return s;
   if (compute_y) cpu_combine(ws, T, ws->shape.shared_inter > 0, a->y);
@@ -69,14 +69,14 @@ static mok_status refuse_failed_forward(mok_workspace *ws, int32_t own, int32_t 
  * whatever the tokens), or the error saying it was not. A forward that failed is left to its
  * error bits. */
 static mok_status check_saved_filled(const cpu_saved *sv, int64_t tokens) {
-  const int32_t filled_for = sv->status[CPU_STATUS_TOKENS];
+  const int32_t filled_for = sv->status[MOK_STATUS_TOKENS];
   if (filled_for != tokens)
     return mok_fail(MOK_ERR_INVALID_ARG,
                     "backward has tokens = %lld but saved was filled by a call of %d tokens (or "
                     "not by mok_forward or mok_recompute); expected the tokens and the saved of "
                     "one forward; outputs untouched",
                     (long long)tokens, (int)filled_for);
-  if (sv->status[CPU_STATUS_BITS] == 0 && sv->status[CPU_STATUS_FILLED] != 1)
+  if (sv->status[MOK_STATUS_BITS] == 0 && sv->status[MOK_STATUS_FILLED] != 1)
     return mok_fail(MOK_ERR_INVALID_ARG,
                     "saved holds only a schedule (mok_schedule), not the activations backward "
                     "reads; expected saved filled by mok_forward or mok_recompute; outputs "
@@ -93,7 +93,7 @@ mok_status cpu_layer_backward(mok_workspace *ws, const mok_backward_args *a, voi
    * Its message stands: the barrier records one only when it fails. */
   const mok_status arg = check_saved_filled(&sv, T);
   publish(ws, T, a->x, a->dy);
-  int32_t bits = sv.status[CPU_STATUS_BITS] | (arg != MOK_OK ? MOK_DEVERR_PEER_ARG : 0);
+  int32_t bits = sv.status[MOK_STATUS_BITS] | (arg != MOK_OK ? MOK_DEVERR_PEER_ARG : 0);
   mok_status s = cpu_barrier(ws, &bits);
   if (s != MOK_OK) return s;
   if (arg != MOK_OK) return arg;
@@ -101,7 +101,7 @@ mok_status cpu_layer_backward(mok_workspace *ws, const mok_backward_args *a, voi
     return mok_fail(MOK_ERR_INVALID_ARG,
                     "another rank of the EP group had this backward refused for a bad argument "
                     "(its error says which); outputs untouched on every rank");
-  if (bits) return refuse_failed_forward(ws, sv.status[CPU_STATUS_BITS], bits);
+  if (bits) return refuse_failed_forward(ws, sv.status[MOK_STATUS_BITS], bits);
   cpu_dispatch(ws, &sv, 1);
   cpu_expert_backward(ws, &a->w, &sv);
   cpu_shared_backward(ws, &a->w, &sv, a->x, a->dy, T);

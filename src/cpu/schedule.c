@@ -21,7 +21,7 @@ static int64_t first_bad_id(const int32_t *ids, int64_t slots, int32_t experts) 
 
 /* A device-side error of the call: its status word and the workspace's sticky bits. */
 static void set_error(mok_workspace *ws, const cpu_saved *sv, int32_t bits) {
-  sv->status[CPU_STATUS_BITS] |= bits;
+  sv->status[MOK_STATUS_BITS] |= bits;
   cpu_state_of(ws)->sticky |= bits;
 }
 
@@ -59,7 +59,7 @@ mok_status cpu_schedule_build(mok_workspace *ws, const int32_t *ids, const float
   const int64_t k = ws->shape.top_k, El = ws->experts_local, base = ws->expert_base;
   const int64_t ranks = ws->ctx->cfg.ep_size, slots_cap = ws->shape.max_tokens * k;
   for (int i = 0; i < 4; i++) sv->status[i] = 0;
-  sv->status[CPU_STATUS_TOKENS] = (int32_t)tokens; /* tokens <= max_tokens <= 2^20 (api.c) */
+  sv->status[MOK_STATUS_TOKENS] = (int32_t)tokens; /* tokens <= max_tokens <= 2^20 (api.c) */
   mok_status s = publish_and_check(ws, ids, weights, tokens, sv);
   if (s != MOK_OK) return s;
 

@@ -652,7 +652,7 @@ static mok_status forward_on_device(mok_workspace *ws, const mok_forward_args *a
   CUDA_TRY(dispatch_launch(status_of(&c), AT(c.saved, c.S.offsets, int32_t), c.E_local,
                            AT(c.saved, c.S.row_src, int32_t), c.k, c.H, (int)c.S.rows_cap,
                            table_of(&c), c.rank, c.slots_cap, (const __nv_bfloat16 *)a->x, xr,
-                           NULL, NULL, c.stream),
+                           NULL, NULL, c.status + MOK_STATUS_FILLED, c.stream),
            "dispatch");
   TRY(gateup_fwd(&c, 1, xr, a->w.w_gate, a->w.w_up, E, c.I, c.saved + c.S.gu, c.saved + c.S.hw));
   if (c.Is)
@@ -716,10 +716,10 @@ static mok_status backward_on_device(mok_workspace *ws, const mok_backward_args 
   call c = call_of(ws, a->tokens, a->saved, stream);
   const int64_t E = c.E_local;
   const int acc = a->grad_mode == MOK_GRAD_ACCUMULATE_F32;
-  /* The forward's error word, copied so the barrier may add to it without touching saved. */
+  /* The forward's error word, copied so the barrier may add to it without touching saved, and
+   * checked against this call's tokens before anything else of saved is read. */
   c.status = AT(c.scratch, c.L->bstatus, int32_t);
-  CUDA_TRY(cudaMemcpyAsync(c.status, c.saved + c.S.status, 4 * sizeof(int32_t),
-                           cudaMemcpyDeviceToDevice, c.stream),
+  CUDA_TRY(saved_open_launch(AT(c.saved, c.S.status, int32_t), c.status, (int)c.T, c.stream),
            "status");
   TRY(publish(&c, c.L->sym_x, a->x, (size_t)c.T * c.H * 2));
   TRY(publish(&c, c.L->sym_dy, a->dy, (size_t)c.T * c.H * 2));
@@ -733,7 +733,7 @@ static mok_status backward_on_device(mok_workspace *ws, const mok_backward_args 
   CUDA_TRY(dispatch_launch(status_of(&c), AT(c.saved, c.S.offsets, int32_t), c.E_local,
                            AT(c.saved, c.S.row_src, int32_t), c.k, c.H, (int)c.S.rows_cap,
                            table_of(&c), c.rank, c.slots_cap, (const __nv_bfloat16 *)a->x, xr,
-                           (const __nv_bfloat16 *)a->dy, dyr, c.stream),
+                           (const __nv_bfloat16 *)a->dy, dyr, NULL, c.stream),
            "dispatch");
   /* Routed experts: dgrads, then the weight gradients over each expert's rows. */
   TRY(down_dgrad(&c, 1, dyr, a->w.w_down, E, c.I, c.saved + c.S.gu, dgu, 1));

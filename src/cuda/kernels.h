@@ -168,12 +168,18 @@ cudaError_t schedule_launch(const sched_args *a, cudaStream_t stream);
 
 /* ---- row movement (rows.cu) ----------------------------------------------------------------- */
 /* Routed row r gets row row_src[r] / k of src (zeros on padding), for one or two tensors. */
-/* Rows of other ranks come from their published x (dy) in `peers`. */
+/* Rows of other ranks come from their published x (dy) in `peers`. `filled` (the forward's and
+ * recompute's): saved's MOK_STATUS_FILLED word, set to 1 when the call has no error. */
 cudaError_t dispatch_launch(const int32_t *status, const int32_t *offsets, int experts_local,
                             const int32_t *row_src, int k, int H, int rows_cap,
                             const ep_table *peers, int rank, int slots_cap,
                             const __nv_bfloat16 *src0, __nv_bfloat16 *dst0,
-                            const __nv_bfloat16 *src1, __nv_bfloat16 *dst1, cudaStream_t stream);
+                            const __nv_bfloat16 *src1, __nv_bfloat16 *dst1, int32_t *filled,
+                            cudaStream_t stream);
+/* status (4 words) <- saved's, plus MOK_DEVERR_SAVED unless a forward or recompute of `tokens`
+ * tokens filled saved. One thread; the backward's first kernel. */
+cudaError_t saved_open_launch(const int32_t *saved_status, int32_t *status, int tokens,
+                              cudaStream_t stream);
 /* y[t] = bf16(((base[t] + slot[t,0]) + slot[t,1]) + ...), base fp32 or NULL (zero). */
 cudaError_t combine_launch(const int32_t *status, int T, int k, int H, const float *base,
                            const __nv_bfloat16 *slots, __nv_bfloat16 *out, cudaStream_t stream);

@@ -1,19 +1,22 @@
 /*
- * rows.cu: moving whole rows. dispatch copies token rows into the routed buffer (zeros on
+ * rows.cu: moving whole rows, and the backward's check of saved. dispatch copies token rows into the routed buffer (zeros on
  * padding, so weight-gradient products may sum over padded rows), pulling other ranks' tokens
  * from their published x (dy); combine sums each token's
  * slot rows onto its shared-expert row in fixed j order; router_grad sums the per-chunk partials
  * of d_topk_weights in ascending chunk order. All rows move as 16-byte vectors.
  */
 #include "cuda/kernels.h"
+#include "internal.h"
 
 #define ROWS_THREADS 256
 
 __global__ void __launch_bounds__(ROWS_THREADS)
 dispatch_rows(const int32_t *status, const int32_t *offsets, int experts_local,
               const int32_t *row_src, int k, int H, const ep_table *peers, int rank,
-              int slots_cap, const int4 *src0, int4 *dst0, const int4 *src1, int4 *dst1) {
+              int slots_cap, const int4 *src0, int4 *dst0, const int4 *src1, int4 *dst1,
+              int32_t *filled) {
   if (*status) return;
+  if (filled && blockIdx.x == 0 && threadIdx.x == 0) *filled = 1;
   const int total = offsets[experts_local];
   const int vecs = H / 8;
   const int lane = threadIdx.x % 32;
@@ -33,6 +36,20 @@ dispatch_rows(const int32_t *status, const int32_t *offsets, int experts_local,
       if (dst1) dst1[to + v] = src >= 0 ? b[from + v] : z;
     }
   }
+}
+
+/* Backward's first kernel: its own copy of the forward's status (the group's barrier may add to
+ * it without touching saved), with MOK_DEVERR_SAVED added where saved was not filled by a forward
+ * or recompute of `tokens` tokens. Every later kernel then skips; router_grad reports it. */
+__global__ void saved_open(const int32_t *saved_status, int32_t *status, int tokens) {
+  int32_t bits = saved_status[MOK_STATUS_BITS];
+  if (saved_status[MOK_STATUS_TOKENS] != tokens ||
+      (bits == 0 && saved_status[MOK_STATUS_FILLED] != 1))
+    bits |= MOK_DEVERR_SAVED;
+  status[MOK_STATUS_BITS] = bits;
+  status[MOK_STATUS_OPEN] = 0;
+  status[MOK_STATUS_TOKENS] = tokens;
+  status[MOK_STATUS_FILLED] = saved_status[MOK_STATUS_FILLED];
 }
 
 __global__ void __launch_bounds__(ROWS_THREADS)
@@ -91,10 +108,17 @@ cudaError_t dispatch_launch(const int32_t *status, const int32_t *offsets, int e
                             const int32_t *row_src, int k, int H, int rows_cap,
                             const ep_table *peers, int rank, int slots_cap,
                             const __nv_bfloat16 *src0, __nv_bfloat16 *dst0,
-                            const __nv_bfloat16 *src1, __nv_bfloat16 *dst1, cudaStream_t stream) {
+                            const __nv_bfloat16 *src1, __nv_bfloat16 *dst1, int32_t *filled,
+                            cudaStream_t stream) {
   dispatch_rows<<<grid_for(rows_cap, ROWS_THREADS / 32), ROWS_THREADS, 0, stream>>>(
       status, offsets, experts_local, row_src, k, H, peers, rank, slots_cap, (const int4 *)src0,
-      (int4 *)dst0, (const int4 *)src1, (int4 *)dst1);
+      (int4 *)dst0, (const int4 *)src1, (int4 *)dst1, filled);
+  return cudaGetLastError();
+}
+
+cudaError_t saved_open_launch(const int32_t *saved_status, int32_t *status, int tokens,
+                              cudaStream_t stream) {
+  saved_open<<<1, 1, 0, stream>>>(saved_status, status, tokens);
   return cudaGetLastError();
 }
 
@@ -116,6 +140,7 @@ cudaError_t router_grad_launch(const int32_t *status, int32_t *sticky, int slots
 cudaError_t rows_preload(void) {
   cudaFuncAttributes a;
   cudaError_t e = cudaFuncGetAttributes(&a, (const void *)dispatch_rows);
+  if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, (const void *)saved_open);
   if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, (const void *)combine_rows);
   if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, (const void *)router_grad);
   return e;

@@ -90,6 +90,7 @@ static __device__ int block_exclusive_scan(int v, int *total) {
 
 __global__ void __launch_bounds__(SCHED_THREADS) sched_scan(sched_args a, int chunks) {
   const int E = a.experts_local;
+  if (threadIdx.x == 0) a.status[MOK_STATUS_TOKENS] = a.slots / a.top_k; /* backward checks it */
   /* Each thread owns a contiguous run of experts: chunk bases and padded sizes. */
   const int per = (E + blockDim.x - 1) / blockDim.x;
   const int e0 = threadIdx.x * per, e1 = min(E, e0 + per);

@@ -429,6 +429,43 @@ static void capacity_overflow_untouched(void) {
   harness_fini(&poison);
 }
 
+/* A backward whose saved was not filled for its tokens (a forward of 200 tokens, backward of
+ * 120; a schedule alone) is queued, then mok_check reports MOK_ERR_INVALID_ARG and every output of
+ * the backward is as poisoned; a good call on the same workspace then runs normally. Without the
+ * check the first would read saved at the offsets of 120 tokens. */
+static void saved_of_another_call(void) {
+  mok_shape s = shape_of(200, 128, 128, 64, 8, 2);
+  harness h, out, poison;
+  if (harness_init(&h, &s, 200, 11, 0) && harness_init(&out, &s, 200, 11, 0) &&
+      harness_init(&poison, &s, 200, 11, 0)) {
+    harness_poison(&poison, 0xa5);
+    gpu_layer d;
+    if (gpu_init(&d, &h, 200, NULL)) {
+      for (int op = 0; op < 2; op++) {
+        const char *what = op == 0 ? "forward of 200, backward of 120" : "schedule alone";
+        gpu_poison(&d, 0xa5);
+        mok_forward_args f = gpu_forward_args(&d);
+        CHECK_OK(op == 0 ? mok_forward(d.ws, &f, 0) : mok_schedule(d.ws, &f, 0));
+        CHECK_OK(mok_check(d.ws, 0));
+        mok_backward_args b = gpu_backward_args(&d, MOK_GRAD_WRITE_BF16);
+        if (op == 0) b.tokens = 120;
+        CHECK_OK(mok_backward(d.ws, &b, 0));
+        mok_status st = mok_check(d.ws, 0);
+        CHECK(st == MOK_ERR_INVALID_ARG && strstr(mok_last_error(), "saved"),
+              "%s: mok_check gave %s (%s)", what, mok_status_name(st), mok_last_error());
+        gpu_fetch(&d, &out);
+        memcpy(poison.y, out.y, (size_t)200 * s.hidden * 2); /* y is the forward's */
+        compare_bits(what, &out, &poison, MOK_GRAD_WRITE_BF16);
+      }
+      good_call_after(&d, &h, &out, 200, 2);
+    }
+    gpu_fini(&d);
+  }
+  harness_fini(&h);
+  harness_fini(&out);
+  harness_fini(&poison);
+}
+
 /* Host pointers are refused before any work is queued. */
 static void host_pointer_refused(void) {
   mok_shape s = shape_of(64, 64, 64, 0, 2, 1);
@@ -526,6 +563,7 @@ const test_case tests_gpu_layer[] = {
     {"gpu/batch_subsets_D3", batch_subsets},
     {"gpu/bad_expert_id_untouched", bad_expert_id},
     {"gpu/capacity_overflow_untouched", capacity_overflow_untouched},
+    {"gpu/saved_of_another_call_untouched", saved_of_another_call},
     {"gpu/host_pointer_refused", host_pointer_refused},
     {"gpu/recompute_matches_forward", recompute_matches_forward},
     {"gpu/graph_capture_replay", graph_replay},
