@@ -24,6 +24,7 @@ void mok_clear_error(void);
 /* ---- sizes ---------------------------------------------------------------------------------- */
 static inline int64_t mok_round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
 static inline int64_t mok_min64(int64_t a, int64_t b) { return a < b ? a : b; }
+static inline int64_t mok_max64(int64_t a, int64_t b) { return a > b ? a : b; }
 #define MOK_ALIGN 256 /* every buffer carved from saved/workspace starts on this boundary */
 
 /* Takes `bytes` at *cursor for one buffer of a layout and moves the cursor past it, aligned. */
