@@ -185,9 +185,11 @@ typedef struct mok_grads {     /* same shapes as mok_weights; bf16 or fp32 per m
 } mok_grads;
 
 typedef struct mok_backward_args {
-  int64_t tokens;              /* T, as in the forward that filled `saved`; with any other
-                                * saved, backward leaves its outputs untouched and fails with
-                                * MOK_ERR_INVALID_ARG (CPU: returned; CUDA: from mok_check) */
+  int64_t tokens;              /* T, as in the forward that filled `saved`; with a saved of
+                                * other tokens or of mok_schedule alone, backward leaves its
+                                * outputs untouched and fails with MOK_ERR_INVALID_ARG (CPU:
+                                * returned; CUDA: from mok_check, after the error of a forward
+                                * that failed, if it did) */
   const void *x;               /* [T, H] bf16, the forward's input */
   const int32_t *topk_ids;     /* [T, k], the forward's */
   const float *topk_weights;   /* [T, k], the forward's */

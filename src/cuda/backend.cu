@@ -3,8 +3,12 @@
  * which forward, recompute and backward queue their kernels (DESIGN §2):
  *   forward:  schedule -> dispatch x -> gate/up (+SwiGLU) -> down -> [shared gate/up, down]
  *             -> combine
- *   backward: dispatch x, dy -> down dgrad (+SwiGLU bwd, router partials) -> gate/up dgrad
- *             -> weight grads -> [shared expert likewise] -> combine, router gradient
+ *   backward: check saved -> dispatch x, dy -> down dgrad (+SwiGLU bwd, router partials)
+ *             -> down weight grad -> gate/up dgrad -> gate/up weight grad -> [shared expert
+ *             likewise] -> combine, router gradient
+ * The workspace lets buffers whose uses do not overlap in this order share memory
+ * (scratch_layout): products run side by side (a side stream, a fused launch) would need them
+ * apart again.
  * With an EP group (DESIGN §2.3) each direction also publishes this rank's inputs into its
  * symmetric buffers and meets the group at device barriers (ep.cu): open (inputs published),
  * check (after the schedule: ids, capacity), close (every push into this rank's slots done);
@@ -108,8 +112,8 @@ static mok_status cuda_context_init(mok_context *ctx) {
 /* ---- workspace scratch ------------------------------------------------------------------------ */
 typedef struct scratch_layout {
   size_t sticky;        /* int32: error bits until mok_check */
-  size_t bstatus;       /* int32 [4]: backward's error word (a copy of the forward's, so that
-                         * the group's barrier can add to it without touching saved) */
+  size_t bstatus;       /* int32 [4]: backward's status, the forward's as checked by saved_open
+                         * (the group's barrier adds to it without touching saved) */
   size_t rstatus;       /* int32 [4]: the error word of a call refused on the host */
   size_t table;         /* ep_table: every rank's symmetric buffers */
   size_t flags;         /* u64 [2][EP_MAX]: barrier words the ranks write here (ep.cu) */

@@ -169,7 +169,8 @@ cudaError_t schedule_launch(const sched_args *a, cudaStream_t stream);
 /* ---- row movement (rows.cu) ----------------------------------------------------------------- */
 /* Routed row r gets row row_src[r] / k of src (zeros on padding), for one or two tensors. */
 /* Rows of other ranks come from their published x (dy) in `peers`. `filled` (the forward's and
- * recompute's): saved's MOK_STATUS_FILLED word, set to 1 when the call has no error. */
+ * recompute's): saved's MOK_STATUS_FILLED word, set to 1 when the call had no error before
+ * dispatch (a later launch failure is returned to the caller). */
 cudaError_t dispatch_launch(const int32_t *status, const int32_t *offsets, int experts_local,
                             const int32_t *row_src, int k, int H, int rows_cap,
                             const ep_table *peers, int rank, int slots_cap,

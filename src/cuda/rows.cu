@@ -1,7 +1,7 @@
 /*
- * rows.cu: moving whole rows, and the backward's check of saved. dispatch copies token rows into the routed buffer (zeros on
- * padding, so weight-gradient products may sum over padded rows), pulling other ranks' tokens
- * from their published x (dy); combine sums each token's
+ * rows.cu: moving whole rows, and the backward's check of saved. dispatch copies token rows into
+ * the routed buffer (zeros on padding, so weight-gradient products may sum over padded rows),
+ * pulling other ranks' tokens from their published x (dy); combine sums each token's
  * slot rows onto its shared-expert row in fixed j order; router_grad sums the per-chunk partials
  * of d_topk_weights in ascending chunk order. All rows move as 16-byte vectors.
  */
