@@ -5,8 +5,8 @@
  *   D4 and the reference: the global batch at ep = 2, 4, 8 gives the bits of ep = 1 (y, dx,
  *     d_topk_weights, routed weight gradients), and ep = 1 agrees with the CPU backend.
  *   Failures: a rank that never calls (timeout), a bad id on one rank, one rank over its
- *     capacity, and a call refused on the host on one rank each fail every rank with outputs
- *     untouched.
+ *     capacity, a call refused on the host on one rank, and a backward of other tokens than its
+ *     saved on one rank each fail every rank with outputs untouched.
  *   Graphs: every rank's forward and backward captured and replayed together, twice.
  * Every rank's arguments are slices of one gpu_layer: its tokens' rows of x, dy, y, dx,
  * d_topk_weights and its experts' weights and gradients; the shared expert's gradients are each
@@ -269,6 +269,56 @@ static void failures_untouched(void) {
   harness_fini(&poison);
 }
 
+static void *forward_main(void *p) {
+  grank *u = p;
+  u->fwd = mok_forward(u->ws, &u->f, u->stream);
+  u->chk = mok_check(u->ws, u->stream);
+  return NULL;
+}
+
+/* Backward, then mok_check; a check that fails must name saved in its message (which is
+ * thread-local: looked at here), else it counts as MOK_ERR_INTERNAL. */
+static void *backward_main(void *p) {
+  grank *u = p;
+  u->bwd = mok_backward(u->ws, &u->b, u->stream);
+  u->chk = mok_check(u->ws, u->stream);
+  if (u->chk != MOK_OK && !strstr(mok_last_error(), "saved")) u->chk = MOK_ERR_INTERNAL;
+  return NULL;
+}
+
+/* Rank 1's backward has fewer tokens than the forward that filled its saved: its check raises
+ * MOK_DEVERR_SAVED before the opening barrier, so every rank skips the backward (MOK_ERR_INVALID_ARG
+ * at mok_check) and no output of it is written on any rank. */
+static void saved_of_another_call(void) {
+  harness h, got, poison;
+  if (!harness_init(&h, &ep_shape, 256, 24, 0) || !harness_init(&got, &ep_shape, 256, 24, 0) ||
+      !harness_init(&poison, &ep_shape, 256, 24, 0))
+    return;
+  harness_poison(&poison, 0xa5);
+  gpu_layer d;
+  gsetup s;
+  if (gpu_init(&d, &h, 256, NULL) && gsetup_init(&s, &d, 2, 0, 0)) {
+    run_ranks_with(&s, forward_main);
+    for (int r = 0; r < 2; r++)
+      CHECK(s.r[r].fwd == MOK_OK && s.r[r].chk == MOK_OK, "forward on rank %d: %s, check %s", r,
+            mok_status_name(s.r[r].fwd), mok_status_name(s.r[r].chk));
+    gpu_poison(&d, 0xa5); /* y too: the backward must write nothing at all */
+    s.r[1].b.tokens -= 16;
+    run_ranks_with(&s, backward_main);
+    for (int r = 0; r < 2; r++)
+      CHECK(s.r[r].bwd == MOK_OK && s.r[r].chk == MOK_ERR_INVALID_ARG,
+            "rank %d: backward %s, check %s (want MOK_ERR_INVALID_ARG)", r,
+            mok_status_name(s.r[r].bwd), mok_status_name(s.r[r].chk));
+    gpu_fetch(&d, &got);
+    same_layer_bits("saved of another call on rank 1: outputs untouched", &got, &poison, 3);
+    gsetup_fini(&s);
+  }
+  gpu_fini(&d);
+  harness_fini(&h);
+  harness_fini(&got);
+  harness_fini(&poison);
+}
+
 /* Each rank captures forward and backward in a CUDA graph (the device barriers and the epoch
  * counter inside); the graphs, replayed together twice, give the bits of ep 1 each time. */
 static void graph_replay(void) {
@@ -310,5 +360,6 @@ const test_case tests_gpu_ep[] = {
     {"gpu/ep_graph_capture_replay", graph_replay},
     {"gpu/ep_D4_and_vs_cpu", d4_and_reference},
     {"gpu/ep_failures_untouched", failures_untouched},
+    {"gpu/ep_saved_of_another_call_untouched", saved_of_another_call},
     {NULL, NULL},
 };
