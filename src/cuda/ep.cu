@@ -31,13 +31,13 @@ static __device__ __forceinline__ unsigned long long ld_acquire_sys(
 __global__ void ep_barrier(const ep_table *tb, int rank, int ranks, int when, int32_t *status,
                            int32_t *sticky, unsigned *epoch, int32_t *tokens_out, int tokens,
                            int32_t add, long long timeout_ns) {
-  status[0] |= add;
-  if (when == EP_CHECK && status[1]) return;
-  if (when == EP_CLOSE && status[0]) return;
+  status[MOK_STATUS_BITS] |= add;
+  if (when == EP_CHECK && status[MOK_STATUS_OPEN]) return;
+  if (when == EP_CLOSE && status[MOK_STATUS_BITS]) return;
   if (when == EP_OPEN) *tokens_out = tokens;
   const unsigned e = ++*epoch;
   const int half = (int)(e & 1) * EP_MAX;
-  const unsigned long long mine = ((unsigned long long)e << 32) | (uint32_t)status[0];
+  const unsigned long long mine = ((unsigned long long)e << 32) | (uint32_t)status[MOK_STATUS_BITS];
   for (int q = 0; q < ranks; q++) st_release_sys(tb->flags[q] + half + rank, mine);
   const unsigned long long *own = tb->flags[rank] + half;
   int32_t bits = 0;
@@ -53,8 +53,8 @@ __global__ void ep_barrier(const ep_table *tb, int rank, int ranks, int when, in
     }
     if ((unsigned)(v >> 32) == e) bits |= (int32_t)(uint32_t)v;
   }
-  status[0] |= bits;
-  if (when == EP_OPEN) status[1] = status[0];
+  status[MOK_STATUS_BITS] |= bits;
+  if (when == EP_OPEN) status[MOK_STATUS_OPEN] = status[MOK_STATUS_BITS];
   if (bits) atomicOr(sticky, bits);
 }
 

@@ -55,11 +55,11 @@ cudaError_t ep_table_from_window_launch(void *win, const ep_offsets *o, int rank
 
 /* The group barrier of one rank (one thread): publishes (epoch, this rank's error bits) into
  * every rank's flags, waits until every rank has published the same epoch, and ORs all their
- * bits into status[0] and sticky; a rank missing after timeout_ns sets MOK_DEVERR_TIMEOUT.
- * `when`: EP_OPEN always runs and also records the result in status[1]; EP_CHECK runs only if
- * status[1] is clear (every rank agrees on it after the open); EP_CLOSE only if status[0] is
+ * bits into status[MOK_STATUS_BITS] and sticky; a rank missing after timeout_ns sets MOK_DEVERR_TIMEOUT.
+ * `when`: EP_OPEN always runs and also records the result in status[MOK_STATUS_OPEN]; EP_CHECK runs only if
+ * status[MOK_STATUS_OPEN] is clear (every rank agrees on it after the open); EP_CLOSE only if status[MOK_STATUS_BITS] is
  * clear (every rank agrees after a check). `tokens`: published as this rank's T (EP_OPEN);
- * `add`: bits ORed into status[0] first (MOK_DEVERR_PEER_ARG for a call refused on the host). */
+ * `add`: bits ORed into status[MOK_STATUS_BITS] first (MOK_DEVERR_PEER_ARG for a call refused on the host). */
 enum { EP_OPEN, EP_CHECK, EP_CLOSE };
 cudaError_t ep_barrier_launch(const ep_table *tb, int rank, int ranks, int when, int32_t *status,
                               int32_t *sticky, unsigned *epoch, int32_t *tokens_out, int tokens,
@@ -177,8 +177,9 @@ cudaError_t dispatch_launch(const int32_t *status, const int32_t *offsets, int e
                             const __nv_bfloat16 *src0, __nv_bfloat16 *dst0,
                             const __nv_bfloat16 *src1, __nv_bfloat16 *dst1, int32_t *filled,
                             cudaStream_t stream);
-/* status (4 words) <- saved's, plus MOK_DEVERR_SAVED unless a forward or recompute of `tokens`
- * tokens filled saved. One thread; the backward's first kernel. */
+/* The backward's error bits <- saved's, plus MOK_DEVERR_SAVED unless a forward or recompute of
+ * `tokens` tokens filled saved; the barrier's word cleared. One thread; the backward's first
+ * kernel. */
 cudaError_t saved_open_launch(const int32_t *saved_status, int32_t *status, int tokens,
                               cudaStream_t stream);
 /* y[t] = bf16(((base[t] + slot[t,0]) + slot[t,1]) + ...), base fp32 or NULL (zero). */

@@ -38,9 +38,10 @@ dispatch_rows(const int32_t *status, const int32_t *offsets, int experts_local,
   }
 }
 
-/* Backward's first kernel: its own copy of the forward's status (the group's barrier may add to
- * it without touching saved), with MOK_DEVERR_SAVED added where saved was not filled by a forward
- * or recompute of `tokens` tokens. Every later kernel then skips; router_grad reports it. */
+/* Backward's first kernel: its own error bits, the forward's (the group's barrier may add to
+ * them without touching saved), with MOK_DEVERR_SAVED added where saved was not filled by a
+ * forward or recompute of `tokens` tokens. Every later kernel then skips; router_grad reports
+ * it. The backward reads no other word of its status but the barrier's. */
 __global__ void saved_open(const int32_t *saved_status, int32_t *status, int tokens) {
   int32_t bits = saved_status[MOK_STATUS_BITS];
   if (saved_status[MOK_STATUS_TOKENS] != tokens ||
@@ -48,8 +49,6 @@ __global__ void saved_open(const int32_t *saved_status, int32_t *status, int tok
     bits |= MOK_DEVERR_SAVED;
   status[MOK_STATUS_BITS] = bits;
   status[MOK_STATUS_OPEN] = 0;
-  status[MOK_STATUS_TOKENS] = tokens;
-  status[MOK_STATUS_FILLED] = saved_status[MOK_STATUS_FILLED];
 }
 
 __global__ void __launch_bounds__(ROWS_THREADS)

@@ -296,21 +296,23 @@ static void saved_of_another_call(void) {
     return;
   harness_poison(&poison, 0xa5);
   gpu_layer d;
-  gsetup s;
-  if (gpu_init(&d, &h, 256, NULL) && gsetup_init(&s, &d, 2, 0, 0)) {
-    run_ranks_with(&s, forward_main);
-    for (int r = 0; r < 2; r++)
-      CHECK(s.r[r].fwd == MOK_OK && s.r[r].chk == MOK_OK, "forward on rank %d: %s, check %s", r,
-            mok_status_name(s.r[r].fwd), mok_status_name(s.r[r].chk));
-    gpu_poison(&d, 0xa5); /* y too: the backward must write nothing at all */
-    s.r[1].b.tokens -= 16;
-    run_ranks_with(&s, backward_main);
-    for (int r = 0; r < 2; r++)
-      CHECK(s.r[r].bwd == MOK_OK && s.r[r].chk == MOK_ERR_INVALID_ARG,
-            "rank %d: backward %s, check %s (want MOK_ERR_INVALID_ARG)", r,
-            mok_status_name(s.r[r].bwd), mok_status_name(s.r[r].chk));
-    gpu_fetch(&d, &got);
-    same_layer_bits("saved of another call on rank 1: outputs untouched", &got, &poison, 3);
+  if (gpu_init(&d, &h, 256, NULL)) {
+    gsetup s;
+    if (gsetup_init(&s, &d, 2, 0, 0)) {
+      run_ranks_with(&s, forward_main);
+      for (int r = 0; r < 2; r++)
+        CHECK(s.r[r].fwd == MOK_OK && s.r[r].chk == MOK_OK, "forward on rank %d: %s, check %s", r,
+              mok_status_name(s.r[r].fwd), mok_status_name(s.r[r].chk));
+      gpu_poison(&d, 0xa5); /* y too: the backward must write nothing at all */
+      s.r[1].b.tokens -= 16;
+      run_ranks_with(&s, backward_main);
+      for (int r = 0; r < 2; r++)
+        CHECK(s.r[r].bwd == MOK_OK && s.r[r].chk == MOK_ERR_INVALID_ARG,
+              "rank %d: backward %s, check %s (want MOK_ERR_INVALID_ARG)", r,
+              mok_status_name(s.r[r].bwd), mok_status_name(s.r[r].chk));
+      gpu_fetch(&d, &got);
+      same_layer_bits("saved of another call on rank 1: outputs untouched", &got, &poison, 3);
+    }
     gsetup_fini(&s);
   }
   gpu_fini(&d);
