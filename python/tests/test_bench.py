@@ -46,3 +46,13 @@ def test_gpu_samples_mean_and_skip_what_does_not_parse():
     with GpuSamples("cpu") as s:  # no GPU to sample: nothing started, nothing reported
         pass
     assert s.proc is None and s.mhz is None and s.watts is None
+
+
+def test_kernels_figure_draws(tmp_path):
+    """docs/figures/kernels.py (the picture of docs/kernels.md) runs and writes a PNG."""
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "kernels.png"
+    proc = subprocess.run([sys.executable, str(ROOT / "docs" / "figures" / "kernels.py"),
+                           str(out)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
