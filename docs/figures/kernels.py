@@ -14,7 +14,7 @@ from matplotlib.patches import FancyArrowPatch, Rectangle  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 from shapes import SHAPES  # noqa: E402
 
-GEMM, ROWS, SCHED, SYNC, MMA = "#4c78a8", "#f58518", "#72b7b2", "#b279a2", "#54a24b"
+GEMM, ROWS, SCHED, SYNC, MMA, TMA = "#4c78a8", "#f58518", "#72b7b2", "#b279a2", "#54a24b", "#9d755d"
 
 
 def calls(s):
@@ -76,7 +76,7 @@ def arrow(ax, a, b, text="", color="black"):
 
 
 def cta(ax):
-    box(ax, 0.0, 2.2, 1.6, 0.8, "warpgroup 0: producer\nthread 0 issues TMA\n(40 registers)", ROWS)
+    box(ax, 0.0, 2.2, 1.6, 0.8, "warpgroup 0: producer\nthread 0 issues TMA\n(40 registers)", TMA)
     for s in range(4):
         box(ax, 2.2 + 0.75 * s, 1.9, 0.65, 0.5, f"B {s}\n32 KB", GEMM, 6)
         box(ax, 2.2 + 0.75 * s, 2.45, 0.65, 0.35, f"A {s}\n16 KB", GEMM, 6)
@@ -88,7 +88,7 @@ def cta(ax):
         y = 1.0 - 0.85 * w
         box(ax, 1.7, y, 3.6, 0.6, f"warpgroup {w + 1}: rows {64 * w}-{64 * w + 63} x 256 columns\n"
             "wgmma m64n256k16, 128 fp32 accumulators\nper thread (232 registers)", MMA, 6)
-        box(ax, 5.6, y, 1.3, 0.6, "epilogue from\nregisters to global", ROWS, 6)
+        box(ax, 5.6, y, 1.3, 0.6, "epilogue from\nregisters to global", TMA, 6)
         arrow(ax, (5.3, y + 0.3), (5.6, y + 0.3))
     arrow(ax, (2.9, 1.9), (2.9, 1.6))
     ax.text(3.0, 1.72, "both read A rows of their half and all of B", fontsize=6)
@@ -115,7 +115,7 @@ def cluster(ax):
     ax.text(2.45, 0.05, "same M row: A multicast (cn = 2)", fontsize=7, ha="center")
     ax.text(4.0, 1.6, "a cluster of 2 x cn CTAs\ntakes a block of 2 x cn tiles;\nevery stage is "
             "released in\nevery CTA, so they walk\nthe k-loop in step\n(a CTA with no tile: "
-            "phantom)\n\nforward: 2 x 1\nbackward: 2 x 2 when its\nN tile count is even",
+            "phantom)\n\nby default forward 2 x 1,\nbackward 2 x 2 when its\nN tile count is even\n(emulated ranks: 2 x 1)",
             fontsize=7, va="center")
     ax.set_xlim(0, 6.5)
     ax.set_ylim(-0.1, 2.8)

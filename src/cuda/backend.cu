@@ -1,8 +1,8 @@
 /*
  * backend.cu: the CUDA backend: device checks, the workspace's scratch memory, and the order in
  * which forward, recompute and backward queue their kernels (DESIGN §2):
- *   forward:  schedule -> dispatch x -> gate/up (+SwiGLU) -> down -> [shared gate/up, down]
- *             -> combine
+ *   forward:  schedule -> dispatch x -> gate/up (+SwiGLU) -> [shared gate/up] -> down
+ *             -> [shared down] -> combine
  *   backward: check saved -> dispatch x, dy -> down dgrad (+SwiGLU bwd, router partials)
  *             -> down weight grad -> gate/up dgrad -> gate/up weight grad -> [shared expert
  *             likewise] -> combine, router gradient
