@@ -1,0 +1,78 @@
+"""kernel_times.py: the table of tools/kernel-times.sh: the kernels of one forward and one backward
+of a benchmark shape, from an ncu CSV of `mok bench --warmup 0 --repeat 1` (its stdout in the same
+file gives the kernels per call), each with its time and, for the GEMMs, its TFLOP/s.
+Usage: python3 tools/kernel_times.py SHAPE FILE"""
+import csv
+import re
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+from shapes import SHAPES  # noqa: E402
+
+UNITS = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3, "second": 1e6}
+
+
+def gemm_products(s):
+    """(label, FLOPs) of the GEMM launches of a forward and of a backward, in the order
+    src/cuda/backend.cu queues them (ep = 1)."""
+    r = 2 * s.T * s.k * s.H * s.I     # one routed product I wide
+    sh = 2 * s.T * s.H * s.I_s
+    fwd = [("gate/up", 2 * r)] + ([("shared gate/up", 2 * sh)] if s.I_s else []) + \
+        [("down", r)] + ([("shared down", sh)] if s.I_s else [])
+    bwd = [("down dgrad", r), ("down wgrad", r), ("gate/up dgrad", 2 * r),
+           ("gate/up wgrad", 2 * r)]
+    if s.I_s:
+        bwd += [("shared down dgrad", sh), ("shared gate/up dgrad", 2 * sh),
+                ("shared down wgrad", sh), ("shared gate/up wgrad", 2 * sh)]
+    return fwd, bwd
+
+
+def launches(text):
+    """[(kernel name, microseconds)] in launch order, from ncu's CSV rows."""
+    lines = text.splitlines()
+    start = next((i for i, l in enumerate(lines) if l.startswith('"ID"')), None)
+    if start is None:
+        raise SystemExit("no ncu CSV header in the file")
+    out = []
+    for row in csv.DictReader(lines[start:]):
+        if row.get("Metric Name") != "gpu__time_duration.sum":
+            continue
+        out.append((row["Kernel Name"], float(row["Metric Value"].replace(",", "")) *
+                    UNITS[row["Metric Unit"]]))
+    return out
+
+
+def table(shape_name, text):
+    s = next(x for x in SHAPES if x.name == shape_name)
+    m = re.search(r"kernels per call \(CUDA graph kernel nodes\): forward (\d+), backward (\d+)",
+                  text)
+    if not m:
+        raise SystemExit("no 'kernels per call' line: was the file written by mok bench on cuda?")
+    nf, nb = int(m.group(1)), int(m.group(2))
+    runs = launches(text)
+    if len(runs) < nf + nb:
+        raise SystemExit(f"{len(runs)} kernels profiled, fewer than one call ({nf} + {nb})")
+    last = runs[-(nf + nb):]
+    rows = []
+    for direction, part, gemms in (("forward", last[:nf], gemm_products(s)[0]),
+                                   ("backward", last[nf:], gemm_products(s)[1])):
+        g = iter(gemms)
+        for name, us in part:
+            short = re.sub(r"^void |\(.*$", "", name)
+            label, flops = next(g, ("?", 0)) if short.startswith("gemm_") else (short, 0)
+            rows.append((direction, label, short, us, flops / us / 1e6 if flops else None))
+    lines = [f"{shape_name}: one forward and one backward, ncu (clocks and caches not controlled)",
+             "| direction | kernel | launch | us | TFLOP/s |", "|---|---|---|---:|---:|"]
+    for d, label, short, us, tf in rows:
+        lines.append(f"| {d} | {label} | {short} | {us:.1f} | {'' if tf is None else f'{tf:.0f}'} |")
+    for d in ("forward", "backward"):
+        total = sum(us for dd, _, _, us, _ in rows if dd == d)
+        lines.append(f"| {d} | all |  | {total:.1f} |  |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 3:
+        raise SystemExit(__doc__)
+    print(table(sys.argv[1], Path(sys.argv[2]).read_text(errors="replace")))
