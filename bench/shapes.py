@@ -24,3 +24,18 @@ def fwd_flops(s, tokens=None):
     """DESIGN.md §7: 6*T*k*H*I + 6*T*H*I_s (backward is twice that)."""
     t = s.T if tokens is None else tokens
     return 6 * t * s.k * s.H * s.I + 6 * t * s.H * s.I_s
+
+
+def gemm_products(s):
+    """(label, FLOPs) of the GEMM launches of one forward and one backward, in the order
+    src/cuda/backend.cu queues them (ep = 1); the shared expert's only when I_s > 0."""
+    r = 2 * s.T * s.k * s.H * s.I     # one routed product I wide
+    sh = 2 * s.T * s.H * s.I_s
+    fwd = [("gate/up", 2 * r)] + ([("shared gate/up", 2 * sh)] if s.I_s else []) + \
+        [("down", r)] + ([("shared down", sh)] if s.I_s else [])
+    bwd = [("down dgrad", r), ("down wgrad", r), ("gate/up dgrad", 2 * r),
+           ("gate/up wgrad", 2 * r)]
+    if s.I_s:
+        bwd += [("shared down dgrad", sh), ("shared gate/up dgrad", 2 * sh),
+                ("shared down wgrad", sh), ("shared gate/up wgrad", 2 * sh)]
+    return fwd, bwd

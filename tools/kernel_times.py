@@ -8,24 +8,9 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-from shapes import SHAPES  # noqa: E402
+from shapes import SHAPES, gemm_products  # noqa: E402
 
 UNITS = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3, "second": 1e6}
-
-
-def gemm_products(s):
-    """(label, FLOPs) of the GEMM launches of a forward and of a backward, in the order
-    src/cuda/backend.cu queues them (ep = 1)."""
-    r = 2 * s.T * s.k * s.H * s.I     # one routed product I wide
-    sh = 2 * s.T * s.H * s.I_s
-    fwd = [("gate/up", 2 * r)] + ([("shared gate/up", 2 * sh)] if s.I_s else []) + \
-        [("down", r)] + ([("shared down", sh)] if s.I_s else [])
-    bwd = [("down dgrad", r), ("down wgrad", r), ("gate/up dgrad", 2 * r),
-           ("gate/up wgrad", 2 * r)]
-    if s.I_s:
-        bwd += [("shared down dgrad", sh), ("shared gate/up dgrad", 2 * sh),
-                ("shared down wgrad", sh), ("shared gate/up wgrad", 2 * sh)]
-    return fwd, bwd
 
 
 def launches(text):
@@ -55,8 +40,8 @@ def table(shape_name, text):
         raise SystemExit(f"{len(runs)} kernels profiled, fewer than one call ({nf} + {nb})")
     last = runs[-(nf + nb):]
     rows = []
-    for direction, part, gemms in (("forward", last[:nf], gemm_products(s)[0]),
-                                   ("backward", last[nf:], gemm_products(s)[1])):
+    fwd_g, bwd_g = gemm_products(s)
+    for direction, part, gemms in (("forward", last[:nf], fwd_g), ("backward", last[nf:], bwd_g)):
         g = iter(gemms)
         for name, us in part:
             short = re.sub(r"^void |\(.*$", "", name)

@@ -12,24 +12,18 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.patches import FancyArrowPatch, Rectangle  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-from shapes import SHAPES  # noqa: E402
+from shapes import SHAPES, gemm_products  # noqa: E402
 
 GEMM, ROWS, SCHED, SYNC, MMA, TMA = "#4c78a8", "#f58518", "#72b7b2", "#b279a2", "#54a24b", "#9d755d"
 
 
 def calls(s):
-    """The kernels of forward and backward at ep = 1, in stream order: (label, kind, GFLOP)."""
-    routed = 2 * s.T * s.k * s.H * s.I / 1e9   # one routed product of I columns
-    shared = 2 * s.T * s.H * s.I_s / 1e9
-    fwd = [("count", SCHED, 0), ("scan", SCHED, 0), ("place", SCHED, 0), ("dispatch x", ROWS, 0),
-           ("gate/up", GEMM, 2 * routed), ("shared gate/up", GEMM, 2 * shared),
-           ("down", GEMM, routed), ("shared down", GEMM, shared), ("combine", ROWS, 0)]
-    bwd = [("saved_open", SYNC, 0), ("dispatch x, dy", ROWS, 0), ("down dgrad", GEMM, routed),
-           ("down wgrad", GEMM, routed), ("gate/up dgrad", GEMM, 2 * routed),
-           ("gate/up wgrad", GEMM, 2 * routed), ("shared down dgrad", GEMM, shared),
-           ("shared gate/up dgrad", GEMM, 2 * shared), ("shared down wgrad", GEMM, shared),
-           ("shared gate/up wgrad", GEMM, 2 * shared), ("combine", ROWS, 0),
-           ("router grad", ROWS, 0)]
+    """The kernels of forward and backward at ep = 1, in stream order: (label, kind, FLOPs)."""
+    fwd_g, bwd_g = gemm_products(s)
+    fwd = [("count", SCHED, 0), ("scan", SCHED, 0), ("place", SCHED, 0), ("dispatch x", ROWS, 0)] + \
+        [(n, GEMM, f) for n, f in fwd_g] + [("combine", ROWS, 0)]
+    bwd = [("saved_open", SYNC, 0), ("dispatch x, dy", ROWS, 0)] + \
+        [(n, GEMM, f) for n, f in bwd_g] + [("combine", ROWS, 0), ("router grad", ROWS, 0)]
     return fwd, bwd
 
 
