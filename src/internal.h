@@ -55,6 +55,23 @@ enum {
                           * schedule alone */
 };
 
+#ifdef __CUDACC__
+#define MOK_HOST_DEVICE __host__ __device__
+#else
+#define MOK_HOST_DEVICE
+#endif
+
+/* Whether a backward of `tokens` tokens may read the saved whose status words these are: the rule
+ * of both backends (the CPU's host check, the CUDA backward's first kernel). A forward that
+ * failed passes: its error bits stand for it. */
+enum { MOK_SAVED_OK, MOK_SAVED_OTHER_TOKENS, MOK_SAVED_SCHEDULE_ONLY };
+MOK_HOST_DEVICE static inline int mok_saved_check(const int32_t *status, int64_t tokens) {
+  if (status[MOK_STATUS_TOKENS] != tokens) return MOK_SAVED_OTHER_TOKENS;
+  if (status[MOK_STATUS_BITS] == 0 && status[MOK_STATUS_FILLED] != 1)
+    return MOK_SAVED_SCHEDULE_ONLY;
+  return MOK_SAVED_OK;
+}
+
 /* The per-call `saved` buffer: schedule, then the activations backward reads.
  * Every offset is in bytes from the start of `saved` and a multiple of MOK_ALIGN. */
 typedef struct mok_saved_layout {

@@ -65,23 +65,24 @@ static mok_status refuse_failed_forward(mok_workspace *ws, int32_t own, int32_t 
                   mok_status_string(s));
 }
 
-/* Saved was filled for a backward of `tokens` tokens (the status word sits at the start of saved
- * whatever the tokens), or the error saying it was not. A forward that failed is left to its
- * error bits. */
+/* Saved was filled for a backward of `tokens` tokens (mok_saved_check), or the error saying it
+ * was not. */
 static mok_status check_saved_filled(const cpu_saved *sv, int64_t tokens) {
-  const int32_t filled_for = sv->status[MOK_STATUS_TOKENS];
-  if (filled_for != tokens)
+  switch (mok_saved_check(sv->status, tokens)) {
+  case MOK_SAVED_OTHER_TOKENS:
     return mok_fail(MOK_ERR_INVALID_ARG,
                     "backward has tokens = %lld but saved was filled by a call of %d tokens (or "
                     "not by mok_forward or mok_recompute); expected the tokens and the saved of "
                     "one forward; outputs untouched",
-                    (long long)tokens, (int)filled_for);
-  if (sv->status[MOK_STATUS_BITS] == 0 && sv->status[MOK_STATUS_FILLED] != 1)
+                    (long long)tokens, (int)sv->status[MOK_STATUS_TOKENS]);
+  case MOK_SAVED_SCHEDULE_ONLY:
     return mok_fail(MOK_ERR_INVALID_ARG,
                     "saved holds only a schedule (mok_schedule), not the activations backward "
                     "reads; expected saved filled by mok_forward or mok_recompute; outputs "
                     "untouched");
-  return MOK_OK;
+  default:
+    return MOK_OK;
+  }
 }
 
 mok_status cpu_layer_backward(mok_workspace *ws, const mok_backward_args *a, void *stream) {

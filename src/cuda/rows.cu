@@ -44,9 +44,7 @@ dispatch_rows(const int32_t *status, const int32_t *offsets, int experts_local,
  * it. The backward reads no other word of its status but the barrier's. */
 __global__ void saved_open(const int32_t *saved_status, int32_t *status, int tokens) {
   int32_t bits = saved_status[MOK_STATUS_BITS];
-  if (saved_status[MOK_STATUS_TOKENS] != tokens ||
-      (bits == 0 && saved_status[MOK_STATUS_FILLED] != 1))
-    bits |= MOK_DEVERR_SAVED;
+  if (mok_saved_check(saved_status, tokens) != MOK_SAVED_OK) bits |= MOK_DEVERR_SAVED;
   status[MOK_STATUS_BITS] = bits;
   status[MOK_STATUS_OPEN] = 0;
 }
