@@ -50,14 +50,15 @@ build/%.o: %.c $(wildcard include/*.h src/*.h src/cpu/*.h tests/*.h tools/*.h)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Itests -c $< -o $@
 
-build/%.o: %.cu $(wildcard include/*.h src/*.h src/cuda/*.h src/cuda/*.cuh)
+CU_DEPS := $(wildcard include/*.h src/*.h src/cuda/*.h src/cuda/*.cuh)
+build/%.o: %.cu $(CU_DEPS)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -c $< -o $@
 
 # The GEMM kernels are also checked for what ptxas only reports as information: a spill, or
 # wgmma serialized or given extra warpgroup.arrive (C7511, C7519: a run-time branch between
 # wgmma shapes inside the k-loop did that to every kernel, wip/narrow-tail's first form).
-build/src/cuda/gemm_kernels.o: src/cuda/gemm_kernels.cu $(wildcard include/*.h src/*.h src/cuda/*.h src/cuda/*.cuh)
+build/src/cuda/gemm_kernels.o: src/cuda/gemm_kernels.cu $(CU_DEPS)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -Xptxas -v -c $< -o $@ 2> $@.ptxas || { cat $@.ptxas; rm -f $@; exit 1; }
 	@if grep -E 'C75[0-9][0-9]|[1-9][0-9]* bytes spill' $@.ptxas; then \

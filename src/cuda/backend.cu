@@ -124,8 +124,8 @@ typedef struct scratch_layout {
   size_t sym_ids, sym_w;  /* [max_tokens * k] published topk_ids, topk_weights (ep > 1) */
   size_t sym_x, sym_dy;   /* bf16 [max_tokens, H] published x, dy (ep > 1) */
   size_t chunk_counts;  /* int32 [chunks, E_local] */
-  /* Regions that hold two things in turn share memory (ep = 1 saves a quarter to a third of the
-   * workspace on dsv3 and gpt-oss). */
+  /* Regions that hold two things in turn share memory (the backward's order keeps their uses
+   * apart, see the header). */
   size_t xr;            /* bf16 [rows_cap, H] routed x rows; then f32 [T, H] rows_f32 */
   size_t dyr;           /* bf16 [rows_cap, H] routed dy rows (bwd); at ep = 1 also slots */
   size_t slots;         /* bf16 [T*k, H] expert output (fwd) / dx (bwd) per slot. At ep = 1 it

@@ -37,7 +37,8 @@ __global__ void ep_barrier(const ep_table *tb, int rank, int ranks, int when, in
   if (when == EP_OPEN) *tokens_out = tokens;
   const unsigned e = ++*epoch;
   const int half = (int)(e & 1) * EP_MAX;
-  const unsigned long long mine = ((unsigned long long)e << 32) | (uint32_t)status[MOK_STATUS_BITS];
+  const unsigned long long mine =
+      ((unsigned long long)e << 32) | (uint32_t)status[MOK_STATUS_BITS];
   for (int q = 0; q < ranks; q++) st_release_sys(tb->flags[q] + half + rank, mine);
   const unsigned long long *own = tb->flags[rank] + half;
   int32_t bits = 0;

@@ -55,11 +55,12 @@ cudaError_t ep_table_from_window_launch(void *win, const ep_offsets *o, int rank
 
 /* The group barrier of one rank (one thread): publishes (epoch, this rank's error bits) into
  * every rank's flags, waits until every rank has published the same epoch, and ORs all their
- * bits into status[MOK_STATUS_BITS] and sticky; a rank missing after timeout_ns sets MOK_DEVERR_TIMEOUT.
- * `when`: EP_OPEN always runs and also records the result in status[MOK_STATUS_OPEN]; EP_CHECK runs only if
- * status[MOK_STATUS_OPEN] is clear (every rank agrees on it after the open); EP_CLOSE only if status[MOK_STATUS_BITS] is
- * clear (every rank agrees after a check). `tokens`: published as this rank's T (EP_OPEN);
- * `add`: bits ORed into status[MOK_STATUS_BITS] first (MOK_DEVERR_PEER_ARG for a call refused on the host). */
+ * bits into status[MOK_STATUS_BITS] and sticky; a rank missing after timeout_ns sets
+ * MOK_DEVERR_TIMEOUT. `when`: EP_OPEN always runs and also records the result in
+ * status[MOK_STATUS_OPEN]; EP_CHECK runs only if status[MOK_STATUS_OPEN] is clear (every rank
+ * agrees on it after the open); EP_CLOSE only if status[MOK_STATUS_BITS] is clear (every rank
+ * agrees after a check). `tokens`: published as this rank's T (EP_OPEN); `add`: bits ORed into
+ * status[MOK_STATUS_BITS] first (MOK_DEVERR_PEER_ARG for a call refused on the host). */
 enum { EP_OPEN, EP_CHECK, EP_CLOSE };
 cudaError_t ep_barrier_launch(const ep_table *tb, int rank, int ranks, int when, int32_t *status,
                               int32_t *sticky, unsigned *epoch, int32_t *tokens_out, int tokens,
