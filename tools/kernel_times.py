@@ -10,7 +10,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 from shapes import SHAPES, gemm_products  # noqa: E402
 
-UNITS = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3, "second": 1e6}
+# ncu writes "ns", "us", ... (2025 onwards) or "nsecond", "usecond", ... (earlier).
+UNITS = {"ns": 1e-3, "us": 1.0, "ms": 1e3, "s": 1e6,
+         "nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3, "second": 1e6}
 
 
 def launches(text):
