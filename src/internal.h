@@ -83,6 +83,8 @@ typedef struct mok_saved_layout {
   size_t row_src;        /* int32[rows_cap] source of each routed row: its rank's slot t*k + j,
                           * plus rank * max_tokens * k; -1 on padding */
   size_t row_weight;     /* float[rows_cap] topk weight of each routed row; 0 on padding */
+  size_t slot_row;       /* int32[T * k] the routed row on this rank of each of this rank's slots
+                          * t*k + j (row_src inverted); -1 where its expert is on another rank */
   size_t mblock_expert;  /* int32[rows_cap / MOK_TILE_M] local expert of each 128-row block */
   size_t gu;             /* bf16[rows_cap, 2I]: [bf16(gate) | bf16(up)] pre-activations */
   size_t hw;             /* bf16[rows_cap, I]: bf16(w * silu(gate) * up) */

@@ -29,6 +29,7 @@ mok_saved_layout mok_saved_layout_of(const mok_workspace *ws, int64_t tokens) {
   L.offsets = mok_take(&c, (ws->experts_local + 1) * (int64_t)sizeof(int32_t));
   L.row_src = mok_take(&c, L.rows_cap * (int64_t)sizeof(int32_t));
   L.row_weight = mok_take(&c, L.rows_cap * (int64_t)sizeof(float));
+  L.slot_row = mok_take(&c, tokens * s->top_k * (int64_t)sizeof(int32_t));
   L.mblock_expert = mok_take(&c, L.rows_cap / MOK_TILE_M * (int64_t)sizeof(int32_t));
   L.gu = mok_take(&c, L.rows_cap * 2 * s->inter * 2);
   L.hw = mok_take(&c, L.rows_cap * s->inter * 2);

@@ -68,6 +68,7 @@ static void same_saved(const harness *h, const void *a, const void *b, const cha
            {"offsets", L.offsets, (E + 1) * 4},
            {"row_src", L.row_src, L.rows_cap * 4},
            {"row_weight", L.row_weight, L.rows_cap * 4},
+           {"slot_row", L.slot_row, h->T * h->L.shape.top_k * 4},
            {"mblock_expert", L.mblock_expert, L.rows_cap / MOK_TILE_M * 4},
            {"gu", L.gu, L.rows_cap * 2 * I * 2},
            {"hw", L.hw, L.rows_cap * I * 2},

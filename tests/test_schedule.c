@@ -1,6 +1,6 @@
 /*
- * test_schedule.c: the schedule in `saved` (counts, offsets, row_src, row_weight, mblock_expert,
- * status) against a construction written the simple way (for each expert, scan every slot), on
+ * test_schedule.c: the schedule in `saved` (counts, offsets, row_src, row_weight, slot_row,
+ * mblock_expert, status) against a construction written the simple way (for each expert, scan every slot), on
  * edge cases: empty experts, all tokens on one expert, k = 1, T = 1, segments of exactly 128 and
  * 129 rows, duplicate ids within a token, T < max_tokens. Each case then runs forward and
  * backward and compares y, dx and d_topk_weights with ref64, as routing edge cases are where the
@@ -57,6 +57,20 @@ static void check_schedule(const harness *h, const char *what) {
             row_src[r], row_weight[r], want_src[r], w);
     }
   }
+  /* slot_row inverts row_src: every slot of this (only) rank has its row. */
+  const int32_t *slot_row = (const int32_t *)(b + L.slot_row);
+  int32_t *want_row = malloc((size_t)(T * k) * sizeof *want_row);
+  for (int64_t q = 0; q < T * k; q++) want_row[q] = -1;
+  for (int64_t r = 0; r < L.rows_cap; r++)
+    if (want_src[r] >= 0) want_row[want_src[r]] = (int32_t)r;
+  bad = 0;
+  for (int64_t q = 0; q < T * k && bad < 5; q++)
+    if (slot_row[q] != want_row[q]) {
+      bad++;
+      CHECK(0, "%s: slot_row[%lld] = %d, expected %d", what, (long long)q, slot_row[q],
+            want_row[q]);
+    }
+  free(want_row);
   for (int64_t blk = 0; blk < L.rows_cap / MOK_TILE_M; blk++) {
     int32_t want = -1;
     for (int64_t e = 0; e < E; e++)

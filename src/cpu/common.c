@@ -18,6 +18,7 @@ cpu_saved cpu_saved_view(const mok_workspace *ws, const void *saved, int64_t tok
   v.offsets = (int32_t *)(b + L.offsets);
   v.row_src = (int32_t *)(b + L.row_src);
   v.row_weight = (float *)(b + L.row_weight);
+  v.slot_row = (int32_t *)(b + L.slot_row);
   v.mblock_expert = (int32_t *)(b + L.mblock_expert);
   v.gu = (uint16_t *)(b + L.gu);
   v.hw = (uint16_t *)(b + L.hw);

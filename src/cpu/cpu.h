@@ -55,6 +55,7 @@ typedef struct cpu_saved {
   int32_t *offsets;       /* [E_local + 1] */
   int32_t *row_src;       /* [rows_cap] rank * max_tokens * k + slot t*k + j, -1 on padding */
   float *row_weight;      /* [rows_cap] */
+  int32_t *slot_row;      /* [T * k] routed row of each own slot, -1: on another rank */
   int32_t *mblock_expert; /* [rows_cap / MOK_TILE_M] */
   uint16_t *gu;           /* [rows_cap, 2I] */
   uint16_t *hw;           /* [rows_cap, I] */

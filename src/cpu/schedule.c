@@ -95,7 +95,9 @@ mok_status cpu_schedule_build(mok_workspace *ws, const int32_t *ids, const float
 
   /* Rows in canonical order: source ranks ascending, each one's slots in ascending t*k + j. */
   int32_t *cursor = cpu_state_of(ws)->cursor;
+  const int64_t me = ws->ctx->cfg.ep_rank;
   for (int64_t e = 0; e < El; e++) cursor[e] = offsets[e];
+  for (int64_t q = 0; q < tokens * k; q++) sv->slot_row[q] = -1;
   for (int64_t src = 0; src < ranks; src++) {
     const cpu_state *p = cpu_peer(ws, src);
     for (int64_t q = 0; q < p->sym_tokens * k; q++) {
@@ -104,6 +106,7 @@ mok_status cpu_schedule_build(mok_workspace *ws, const int32_t *ids, const float
       int32_t r = cursor[e]++;
       sv->row_src[r] = (int32_t)(src * slots_cap + q);
       sv->row_weight[r] = p->sym_w[q];
+      if (src == me) sv->slot_row[q] = r;
     }
   }
   for (int64_t e = 0; e < El; e++)

@@ -643,9 +643,31 @@ static mok_status schedule(const call *c, const mok_forward_args *a) {
   s.row_src = AT(c->saved, c->S.row_src, int32_t);
   s.mblock_expert = AT(c->saved, c->S.mblock_expert, int32_t);
   s.row_weight = AT(c->saved, c->S.row_weight, float);
+  s.slot_row = AT(c->saved, c->S.slot_row, int32_t);
   s.chunk_counts = AT(c->scratch, c->L->chunk_counts, int32_t);
   CUDA_TRY(schedule_launch(&s, c->stream), "schedule");
   return barrier(c, EP_CHECK);
+}
+
+/* The call's routed rows of src0 (and src1) into dst0 (dst1), from the saved schedule. */
+static cudaError_t dispatch(const call *c, const __nv_bfloat16 *src0, __nv_bfloat16 *dst0,
+                            const __nv_bfloat16 *src1, __nv_bfloat16 *dst1, int32_t *filled) {
+  dispatch_args d;
+  d.status = status_of(c);
+  d.offsets = AT(c->saved, c->S.offsets, int32_t);
+  d.row_src = AT(c->saved, c->S.row_src, int32_t);
+  d.slot_row = AT(c->saved, c->S.slot_row, int32_t);
+  d.experts_local = c->E_local;
+  d.T = c->T;
+  d.k = c->k;
+  d.H = c->H;
+  d.rows_cap = (int)c->S.rows_cap;
+  d.rank = c->rank;
+  d.slots_cap = c->slots_cap;
+  d.peers = table_of(c);
+  d.src0 = src0, d.dst0 = dst0, d.src1 = src1, d.dst1 = dst1;
+  d.filled = filled;
+  return dispatch_launch(&d, c->stream);
 }
 
 static mok_status check_forward_device(const mok_forward_args *a, int compute_y) {
@@ -665,10 +687,8 @@ static mok_status forward_on_device(mok_workspace *ws, const mok_forward_args *a
   __nv_bfloat16 *xr = AT(c.scratch, c.L->xr, __nv_bfloat16);
   TRY(publish(&c, c.L->sym_x, a->x, (size_t)c.T * c.H * 2));
   TRY(schedule(&c, a));
-  CUDA_TRY(dispatch_launch(status_of(&c), AT(c.saved, c.S.offsets, int32_t), c.E_local,
-                           AT(c.saved, c.S.row_src, int32_t), c.k, c.H, (int)c.S.rows_cap,
-                           table_of(&c), c.rank, c.slots_cap, (const __nv_bfloat16 *)a->x, xr,
-                           NULL, NULL, c.status + MOK_STATUS_FILLED, c.stream),
+  CUDA_TRY(dispatch(&c, (const __nv_bfloat16 *)a->x, xr, NULL, NULL,
+                    c.status + MOK_STATUS_FILLED),
            "dispatch");
   TRY(gateup_fwd(&c, 1, xr, a->w.w_gate, a->w.w_up, E, c.I, c.saved + c.S.gu, c.saved + c.S.hw));
   if (c.Is)
@@ -746,10 +766,8 @@ static mok_status backward_on_device(mok_workspace *ws, const mok_backward_args 
   float *dxs = AT(c.scratch, c.L->rows_f32, float);
   __nv_bfloat16 *dgus = AT(c.scratch, c.L->dgus, __nv_bfloat16);
 
-  CUDA_TRY(dispatch_launch(status_of(&c), AT(c.saved, c.S.offsets, int32_t), c.E_local,
-                           AT(c.saved, c.S.row_src, int32_t), c.k, c.H, (int)c.S.rows_cap,
-                           table_of(&c), c.rank, c.slots_cap, (const __nv_bfloat16 *)a->x, xr,
-                           (const __nv_bfloat16 *)a->dy, dyr, NULL, c.stream),
+  CUDA_TRY(dispatch(&c, (const __nv_bfloat16 *)a->x, xr, (const __nv_bfloat16 *)a->dy, dyr,
+                    NULL),
            "dispatch");
   /* Routed experts, each product after the last reader of the memory it writes (scratch_layout):
    * down's dgrad and weight gradient read the dy rows, then gate/up's dgrad may write slots over

@@ -162,22 +162,27 @@ typedef struct sched_args {
   int32_t *sticky;             /* workspace: error bits until mok_check */
   int32_t *counts, *offsets, *row_src, *mblock_expert; /* saved */
   float *row_weight;           /* saved */
+  int32_t *slot_row;           /* saved [slots]: row of each own slot here, -1: another rank's */
   int32_t *chunk_counts;       /* scratch [chunks, E_local] */
 } sched_args;
 #define SCHED_CHUNK 1024       /* slots per block of the counting passes */
 cudaError_t schedule_launch(const sched_args *a, cudaStream_t stream);
 
 /* ---- row movement (rows.cu) ----------------------------------------------------------------- */
-/* Routed row r gets row row_src[r] / k of src (zeros on padding), for one or two tensors. */
-/* Rows of other ranks come from their published x (dy) in `peers`. `filled` (the forward's and
+/* Routed row r gets row row_src[r] / k of src (zeros on padding), for one or two tensors.
+ * This rank's T tokens are read once each and written to their slots' rows (slot_row); rows of
+ * other ranks come from their published x (dy) in `peers`. `filled` (the forward's and
  * recompute's): saved's MOK_STATUS_FILLED word, set to 1 when the call had no error before
  * dispatch (a later launch failure is returned to the caller). */
-cudaError_t dispatch_launch(const int32_t *status, const int32_t *offsets, int experts_local,
-                            const int32_t *row_src, int k, int H, int rows_cap,
-                            const ep_table *peers, int rank, int slots_cap,
-                            const __nv_bfloat16 *src0, __nv_bfloat16 *dst0,
-                            const __nv_bfloat16 *src1, __nv_bfloat16 *dst1, int32_t *filled,
-                            cudaStream_t stream);
+typedef struct dispatch_args {
+  const int32_t *status, *offsets, *row_src, *slot_row; /* offsets[experts_local]: rows */
+  int experts_local, T, k, H, rows_cap, rank, slots_cap;
+  const ep_table *peers;
+  const __nv_bfloat16 *src0, *src1; /* src1, dst1: NULL for one tensor */
+  __nv_bfloat16 *dst0, *dst1;
+  int32_t *filled;                  /* or NULL */
+} dispatch_args;
+cudaError_t dispatch_launch(const dispatch_args *a, cudaStream_t stream);
 /* The backward's error bits <- saved's, plus MOK_DEVERR_SAVED unless a forward or recompute of
  * `tokens` tokens filled saved; the barrier's word cleared. One thread; the backward's first
  * kernel. */

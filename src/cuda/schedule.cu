@@ -5,7 +5,8 @@
  *          the expert of every 128-row block, and marks padding rows; or, over the capacity,
  *          raises MOK_DEVERR_CAPACITY and writes nothing more;
  *   place: each slot's row = offsets[e] + chunk base + its rank among earlier slots of the
- *          chunk with the same expert, so every expert's rows come in slot order (t*k + j).
+ *          chunk with the same expert, so every expert's rows come in slot order (t*k + j);
+ *          and the inverse for this rank's own slots (slot_row, -1 for another rank's expert).
  * With an EP group the chunks run over every rank's published ids, rank by rank, so the order is
  * (source rank, t, j) and row_src = rank * slots_cap + t*k + j; every rank checks every id, so
  * all of them agree on a bad one.
@@ -168,6 +169,7 @@ __global__ void __launch_bounds__(SCHED_THREADS) sched_place(sched_args a) {
         a.row_src[base + rank] = sl.src * a.slots_cap + sl.f;
         a.row_weight[base + rank] = sl.w[sl.f];
       }
+      if (sl.src == a.rank && sl.f < sl.n) a.slot_row[sl.f] = key >= 0 ? base + rank : -1;
     }
     __syncthreads();
   }

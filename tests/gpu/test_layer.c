@@ -93,6 +93,8 @@ static void compare_schedule(const char *tag, const harness *out, const harness 
   same_bits(what, a + S.row_src, b + S.row_src, (size_t)S.rows_cap * 4);
   snprintf(what, sizeof what, "%s: row_weight", tag);
   same_bits(what, a + S.row_weight, b + S.row_weight, (size_t)S.rows_cap * 4);
+  snprintf(what, sizeof what, "%s: slot_row", tag);
+  same_bits(what, a + S.slot_row, b + S.slot_row, (size_t)ref->T * ref->ws->shape.top_k * 4);
   snprintf(what, sizeof what, "%s: mblock_expert", tag);
   same_bits(what, a + S.mblock_expert, b + S.mblock_expert, (size_t)S.rows_cap / 128 * 4);
 }
