@@ -2,7 +2,7 @@
  * ptx.cuh: every inline PTX instruction mok uses, one small wrapper each, named after the
  * instruction (and its ordering/scope where it has one). Nothing else in mok writes asm.
  * Section numbers cite the PTX ISA (version 8.x): 9.7.9.25 TMA (cp.async.bulk.tensor), 9.7.13 mbarrier, 9.7.15 wgmma,
- * 9.7.16.5 setmaxnreg, 9.7.12.3 barrier.cluster, 9.7.9.16 mapa.
+ * 9.7.16.5 setmaxnreg, 9.7.12.3 barrier.cluster, 9.7.9.16 mapa, 9.7.3 ex2 and rcp.
  */
 #ifndef MOK_PTX_CUH
 #define MOK_PTX_CUH
@@ -11,6 +11,23 @@
 #include <stdint.h>
 
 #define MOK_DEV static __device__ __forceinline__
+
+/* ---- arithmetic ---------------------------------------------------------------------------- */
+/* 1 / x by the hardware approximation, subnormal results flushed to 0 (9.7.3.18). __fdividef(1,
+ * x) gives the same value for |x| <= 2^126 but checks the range around it per element. */
+/* 2^x by the hardware approximation, subnormal inputs and results flushed to 0 (9.7.3.22).
+ * __expf(x) = ex2.approx(x log2 e) without .ftz: per element, a compare and two conditional
+ * multiplies keep its results below 2^-126 subnormal. */
+MOK_DEV float ex2_approx_ftz(float x) {
+  float r;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+  return r;
+}
+MOK_DEV float rcp_approx_ftz(float x) {
+  float r;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+  return r;
+}
 
 /* ---- identity, time ----------------------------------------------------------------------- */
 MOK_DEV uint64_t globaltimer_ns(void) {
