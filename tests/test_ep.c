@@ -404,6 +404,8 @@ static void schedule_counts_per_rank(void) {
   for (int64_t s = 0; s < L.tokens * k; s++) want[L.topk_ids[s]]++;
   ep_setup s;
   if (setup(&s, &L, 4, 0, 0)) {
+    for (int r = 0; r < 4; r++) /* not -1: a missing slot_row write shows */
+      memset(s.run[r].f.saved, POISON, mok_saved_bytes(s.run[r].ws, s.run[r].f.tokens));
     run_all(&s, schedule_main);
     for (int r = 0; r < 4; r++) {
       CHECK(s.run[r].fwd == MOK_OK, "rank %d: mok_schedule %s", r, mok_status_name(s.run[r].fwd));

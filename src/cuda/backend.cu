@@ -667,7 +667,7 @@ static cudaError_t dispatch(const call *c, const __nv_bfloat16 *src0, __nv_bfloa
   d.peers = table_of(c);
   d.src0 = src0, d.dst0 = dst0, d.src1 = src1, d.dst1 = dst1;
   d.filled = filled;
-  return dispatch_launch(&d, c->stream);
+  return dispatch_launch(&d, c->ranks, c->stream);
 }
 
 static mok_status check_forward_device(const mok_forward_args *a, int compute_y) {

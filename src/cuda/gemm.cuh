@@ -284,11 +284,10 @@ MOK_DEV uint32_t pack_bf16x2(float lo, float hi) {
 /* exp and the reciprocal by the hardware approximations (ex2.approx, rcp.approx: a few ulp). An
  * IEEE division here cost a slow-path check and branch per element, and made the SwiGLU
  * epilogues, not the k-loop, the larger part of the down-dgrad kernel (perf-log 2026-12-02).
- * The .ftz forms: exp(-z) below 2^-126 becomes 0, which changes no bit of 1 + exp(-z); __expf
- * spent a compare and two multiplies per element keeping it subnormal. 1 + exp(-z) = inf gives
- * 0, as the exact formula does. */
-#define LOG2E 1.4426950408889634f
-MOK_DEV float sigmoid_f(float z) { return rcp_approx_ftz(1.0f + ex2_approx_ftz(-z * LOG2E)); }
+ * The .ftz forms (ptx.cuh says what they save) change no bit: exp(-z) below 2^-126 only ever
+ * meets 1 + exp(-z). 1 + exp(-z) = inf gives 0, as the exact formula does. */
+#define MOK_LOG2E 1.4426950408889634f
+MOK_DEV float sigmoid_f(float z) { return rcp_approx_ftz(1.0f + ex2_approx_ftz(-z * MOK_LOG2E)); }
 MOK_DEV float silu_f(float z) { return z * sigmoid_f(z); }
 
 /* The four threads of a quad hold, for one row, 8-column groups 4b..4b+3 as bf16 pairs: thread t

@@ -169,9 +169,10 @@ typedef struct sched_args {
 cudaError_t schedule_launch(const sched_args *a, cudaStream_t stream);
 
 /* ---- row movement (rows.cu) ----------------------------------------------------------------- */
-/* Routed row r gets row row_src[r] / k of src (zeros on padding), for one or two tensors.
- * This rank's T tokens are read once each and written to their slots' rows (slot_row); rows of
- * other ranks come from their published x (dy) in `peers`. `filled` (the forward's and
+/* Routed row r gets row row_src[r] % slots_cap / k of rank row_src[r] / slots_cap's src (zeros
+ * on padding), for one or two tensors. This rank's T tokens are read once each and written to
+ * their slots' rows (slot_row); rows of other ranks (of `ranks`) come from their published x
+ * (dy) in `peers`. `filled` (the forward's and
  * recompute's): saved's MOK_STATUS_FILLED word, set to 1 when the call had no error before
  * dispatch (a later launch failure is returned to the caller). */
 typedef struct dispatch_args {
@@ -182,7 +183,7 @@ typedef struct dispatch_args {
   __nv_bfloat16 *dst0, *dst1;
   int32_t *filled;                  /* or NULL */
 } dispatch_args;
-cudaError_t dispatch_launch(const dispatch_args *a, cudaStream_t stream);
+cudaError_t dispatch_launch(const dispatch_args *a, int ranks, cudaStream_t stream);
 /* The backward's error bits <- saved's, plus MOK_DEVERR_SAVED unless a forward or recompute of
  * `tokens` tokens filled saved; the barrier's word cleared. One thread; the backward's first
  * kernel. */

@@ -1,8 +1,9 @@
 /*
  * ptx.cuh: every inline PTX instruction mok uses, one small wrapper each, named after the
  * instruction (and its ordering/scope where it has one). Nothing else in mok writes asm.
- * Section numbers cite the PTX ISA (version 8.x): 9.7.9.25 TMA (cp.async.bulk.tensor), 9.7.13 mbarrier, 9.7.15 wgmma,
- * 9.7.16.5 setmaxnreg, 9.7.12.3 barrier.cluster, 9.7.9.16 mapa, 9.7.3 ex2 and rcp.
+ * Section numbers cite the PTX ISA (version 8.x): 9.7.9.25 TMA (cp.async.bulk.tensor),
+ * 9.7.13 mbarrier, 9.7.15 wgmma, 9.7.16.5 setmaxnreg, 9.7.12.3 barrier.cluster, 9.7.9.16 mapa,
+ * 9.7.3.13 rcp, 9.7.3.21 ex2.
  */
 #ifndef MOK_PTX_CUH
 #define MOK_PTX_CUH
@@ -13,9 +14,7 @@
 #define MOK_DEV static __device__ __forceinline__
 
 /* ---- arithmetic ---------------------------------------------------------------------------- */
-/* 1 / x by the hardware approximation, subnormal results flushed to 0 (9.7.3.18). __fdividef(1,
- * x) gives the same value for |x| <= 2^126 but checks the range around it per element. */
-/* 2^x by the hardware approximation, subnormal inputs and results flushed to 0 (9.7.3.22).
+/* 2^x by the hardware approximation, subnormal inputs and results flushed to 0 (9.7.3.21).
  * __expf(x) = ex2.approx(x log2 e) without .ftz: per element, a compare and two conditional
  * multiplies keep its results below 2^-126 subnormal. */
 MOK_DEV float ex2_approx_ftz(float x) {
@@ -23,6 +22,9 @@ MOK_DEV float ex2_approx_ftz(float x) {
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
   return r;
 }
+
+/* 1 / x by the hardware approximation, subnormal results flushed to 0 (9.7.3.13). __fdividef(1,
+ * x) gives the same value for |x| <= 2^126. */
 MOK_DEV float rcp_approx_ftz(float x) {
   float r;
   asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));

@@ -45,14 +45,16 @@ static __device__ void copy_row(const int4 *x0, const int4 *x1, size_t from, int
 /* One warp per item. Items [0, T) are this rank's tokens: each token row is read once and
  * written to the rows of its slots here (reading it once per row instead read every token k
  * times from HBM: fine-7b's forward dispatch took 285 us, its combine, which reads as many
- * bytes as that dispatch writes, 160). Items [T, T + rows / 32) are groups of 32 routed rows:
- * zeros on padding, other ranks' tokens pulled from their published x (dy); rows of this
- * rank's tokens are skipped, the first kind wrote them. */
-__global__ void __launch_bounds__(ROWS_THREADS) dispatch_rows(dispatch_args a) {
+ * bytes as that dispatch writes, 160). The other items are groups of `group` routed rows: zeros
+ * on padding, other ranks' tokens pulled from their published x (dy); rows of this rank's
+ * tokens are skipped, the first kind wrote them. group is 32 at ep = 1, where every row but the
+ * padding is skipped, so a warp looks at 32 row_src at once; and 1 in a group, where most rows
+ * come from other ranks and each needs a warp of its own. */
+__global__ void __launch_bounds__(ROWS_THREADS) dispatch_rows(dispatch_args a, int group) {
   if (*a.status) return;
   if (a.filled && blockIdx.x == 0 && threadIdx.x == 0) *a.filled = 1;
   const int rows = a.offsets[a.experts_local], vecs = a.H / 8, lane = threadIdx.x % 32;
-  const int items = a.T + (rows + 31) / 32;
+  const int items = a.T + (rows + group - 1) / group;
   const int4 *x0 = (const int4 *)a.src0, *x1 = (const int4 *)a.src1;
   int4 *y0 = (int4 *)a.dst0, *y1 = (int4 *)a.dst1;
   __shared__ int to_s[ROWS_WARPS][32];
@@ -64,6 +66,7 @@ __global__ void __launch_bounds__(ROWS_THREADS) dispatch_rows(dispatch_args a) {
         const int j = j0 + lane;
         const int row = j < a.k ? a.slot_row[(size_t)w * a.k + j] : -1;
         const unsigned here = __ballot_sync(0xffffffffu, row >= 0);
+        if (!here) continue; /* none here (its experts are on other ranks): nothing to read */
         if (row >= 0) to[__popc(here & ((1u << lane) - 1u))] = row;
         __syncwarp();
         copy_row(x0, x1, (size_t)w * vecs, y0, y1, to, __popc(here), vecs);
@@ -71,16 +74,17 @@ __global__ void __launch_bounds__(ROWS_THREADS) dispatch_rows(dispatch_args a) {
       }
       continue;
     }
-    const int r = (w - a.T) * 32 + lane;
-    const int src = r < rows ? a.row_src[r] : 0;
+    const int r0 = (w - a.T) * group, r = r0 + lane;
+    const bool mine = lane < group && r < rows;
+    const int src = mine ? a.row_src[r] : 0;
     const int owner = src >= 0 ? src / a.slots_cap : -1; /* -1: padding */
-    const unsigned todo = __ballot_sync(0xffffffffu, r < rows && owner != a.rank);
+    const unsigned todo = __ballot_sync(0xffffffffu, mine && owner != a.rank);
     for (unsigned m = todo; m; m &= m - 1) {
       const int l = __ffs(m) - 1;
       const int o = __shfl_sync(0xffffffffu, owner, l), sl = __shfl_sync(0xffffffffu, src, l);
       const int4 *p0 = o < 0 ? NULL : (const int4 *)a.peers->x[o];
       const int4 *p1 = o < 0 ? NULL : (const int4 *)a.peers->dy[o];
-      if (lane == 0) to[0] = (w - a.T) * 32 + l;
+      if (lane == 0) to[0] = r0 + l;
       __syncwarp();
       copy_row(p0, p1, o < 0 ? 0 : (size_t)(sl % a.slots_cap / a.k) * vecs, y0, y1, to, 1, vecs);
       __syncwarp();
@@ -151,9 +155,10 @@ static int grid_for(size_t work, int per_block) {
   return (int)(g < 1 ? 1 : (g > 8192 ? 8192 : g));
 }
 
-cudaError_t dispatch_launch(const dispatch_args *a, cudaStream_t stream) {
-  const size_t items = (size_t)a->T + (size_t)(a->rows_cap + 31) / 32;
-  dispatch_rows<<<grid_for(items, ROWS_WARPS), ROWS_THREADS, 0, stream>>>(*a);
+cudaError_t dispatch_launch(const dispatch_args *a, int ranks, cudaStream_t stream) {
+  const int group = ranks > 1 ? 1 : 32;
+  const size_t items = (size_t)a->T + (size_t)(a->rows_cap + group - 1) / group;
+  dispatch_rows<<<grid_for(items, ROWS_WARPS), ROWS_THREADS, 0, stream>>>(*a, group);
   return cudaGetLastError();
 }
 

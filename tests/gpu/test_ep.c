@@ -3,7 +3,8 @@
  * one GPU, each with its own context, workspace, stream and host thread, their device barriers
  * and peer tables joining them as NCCL symmetric memory would join R GPUs.
  *   D4 and the reference: the global batch at ep = 2, 4, 8 gives the bits of ep = 1 (y, dx,
- *     d_topk_weights, routed weight gradients), and ep = 1 agrees with the CPU backend.
+ *     d_topk_weights, routed weight gradients), and ep = 1 agrees with the CPU backend; every
+ *     rank's slot_row inverts its row_src for its own slots.
  *   Failures: a rank that never calls (timeout), a bad id on one rank, one rank over its
  *     capacity, a call refused on the host on one rank, and a backward of other tokens than its
  *     saved on one rank each fail every rank with outputs untouched.
@@ -18,6 +19,7 @@
 
 #include "check.h"
 #include "device.h"
+#include "internal.h"
 
 typedef struct grank {
   mok_context *ctx;
@@ -74,6 +76,7 @@ static int gsetup_init(gsetup *s, gpu_layer *d, int ep, int64_t routed_rows, int
     u->f.y = (char *)F.y + t0 * H * 2;
     size_t saved = mok_saved_bytes(u->ws, Tr);
     CUDA_CHECK(cudaMalloc(&u->f.saved, saved));
+    CUDA_CHECK(cudaMemset(u->f.saved, 0x5a, saved)); /* not -1: a missing slot_row write shows */
     u->b = B;
     u->b.tokens = Tr;
     u->b.x = u->f.x, u->b.topk_ids = u->f.topk_ids, u->b.topk_weights = u->f.topk_weights;
@@ -149,6 +152,37 @@ static void run_ranks_with(gsetup *s, void *(*fn)(void *)) {
 
 static void run_ranks(gsetup *s) { run_ranks_with(s, step_main); }
 
+/* Each rank's saved slot_row: for every own slot, its row here when its expert is here (row_src
+ * says the slot back), else -1. */
+static void check_slot_row(const gsetup *s, int64_t experts) {
+  for (int r = 0; r < s->ep; r++) {
+    const grank *u = &s->r[r];
+    const mok_saved_layout S = mok_saved_layout_of(u->ws, u->f.tokens);
+    const int64_t k = u->ws->shape.top_k, slots = u->f.tokens * k, El = experts / s->ep;
+    const int64_t slots_cap = u->ws->shape.max_tokens * k;
+    int32_t *slot_row = malloc((size_t)slots * 4), *ids = malloc((size_t)slots * 4);
+    int32_t *row_src = malloc((size_t)S.rows_cap * 4);
+    CUDA_CHECK(cudaMemcpy(slot_row, (const char *)u->f.saved + S.slot_row, (size_t)slots * 4,
+                          cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(row_src, (const char *)u->f.saved + S.row_src, (size_t)S.rows_cap * 4,
+                          cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(ids, u->f.topk_ids, (size_t)slots * 4, cudaMemcpyDeviceToHost));
+    int bad = 0;
+    for (int64_t q = 0; q < slots && bad < 5; q++) {
+      const int here = ids[q] / El == r;
+      const int32_t row = slot_row[q];
+      const int ok = here ? row >= 0 && row < S.rows_cap && row_src[row] == r * slots_cap + q
+                          : row == -1;
+      if (!ok) {
+        bad++;
+        CHECK(0, "ep %d rank %d slot %lld: slot_row %d (expert %d)", s->ep, r, (long long)q, row,
+              ids[q]);
+      }
+    }
+    free(slot_row), free(ids), free(row_src);
+  }
+}
+
 /* 256 tokens, H 128, I 128, I_s 64, 16 experts, top-4. */
 static const mok_shape ep_shape = {256, 128, 128, 64, 16, 4, MOK_BF16, 0};
 
@@ -178,6 +212,7 @@ static void d4_and_reference(void) {
                 "ep %d rank %d: forward %s, backward %s, check %s", eps[i], r,
                 mok_status_name(s.r[r].fwd), mok_status_name(s.r[r].bwd),
                 mok_status_name(s.r[r].chk));
+        check_slot_row(&s, ep_shape.experts);
         gpu_fetch(&d, &got);
         char tag[32];
         snprintf(tag, sizeof tag, "ep %d against ep 1", eps[i]);
