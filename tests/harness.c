@@ -7,6 +7,7 @@
 
 #include "check.h"
 #include "harness.h"
+#include "internal.h"
 
 void *test_alloc(size_t bytes) {
   size_t n = (bytes + 255) / 256 * 256;
@@ -100,4 +101,20 @@ mok_status harness_run(harness *h, mok_grad_mode mode) {
 double rel_err_value(const rel_err *r) {
   if (r->ref2 == 0.0) return r->diff2 == 0.0 ? 0.0 : INFINITY;
   return sqrt(r->diff2 / r->ref2);
+}
+
+int64_t slot_row_first_wrong(const mok_workspace *ws, const void *saved, int64_t tokens,
+                             const int32_t *ids, int rank, int64_t experts_local) {
+  const mok_saved_layout S = mok_saved_layout_of(ws, tokens);
+  const int32_t *slot_row = (const int32_t *)((const char *)saved + S.slot_row);
+  const int32_t *row_src = (const int32_t *)((const char *)saved + S.row_src);
+  const int64_t k = ws->shape.top_k, slots_cap = ws->shape.max_tokens * k;
+  for (int64_t q = 0; q < tokens * k; q++) {
+    const int32_t row = slot_row[q];
+    const int ok = ids[q] / experts_local == rank
+                       ? row >= 0 && row < S.rows_cap && row_src[row] == rank * slots_cap + q
+                       : row == -1;
+    if (!ok) return q;
+  }
+  return -1;
 }

@@ -42,6 +42,12 @@ void harness_poison(harness *h, unsigned char pattern);
 /* Runs forward then backward; returns the first status that is not MOK_OK. */
 mok_status harness_run(harness *h, mok_grad_mode mode);
 
+/* An EP rank's slot_row in its saved (in host memory) against the rule: each of its own slots q
+ * (of `tokens`, ids[q] its expert) has its row here when the expert is one of the rank's
+ * experts_local, and row_src says q back; else -1. The first wrong slot, or -1 if none. */
+int64_t slot_row_first_wrong(const mok_workspace *ws, const void *saved, int64_t tokens,
+                             const int32_t *ids, int rank, int64_t experts_local);
+
 /* Aligned allocation that the test owns (free with free()). */
 void *test_alloc(size_t bytes);
 

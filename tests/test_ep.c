@@ -17,7 +17,6 @@
 
 #include "check.h"
 #include "harness.h"
-#include "internal.h"
 
 #define POISON 0x5a
 
@@ -414,20 +413,11 @@ static void schedule_counts_per_rank(void) {
       for (int e = 0; e < E / 4; e++)
         CHECK(got[e] == want[r * (E / 4) + e], "rank %d expert %d: %d rows, expected %d", r, e,
               got[e], want[r * (E / 4) + e]);
-      /* slot_row: each own slot's row here when its expert is here (row_src says it back),
-       * else -1. */
       const rank_run *u = &s.run[r];
-      const mok_saved_layout S = mok_saved_layout_of(u->ws, u->f.tokens);
-      const int32_t *slot_row = (const int32_t *)((const char *)u->f.saved + S.slot_row);
-      const int32_t *row_src = (const int32_t *)((const char *)u->f.saved + S.row_src);
-      const int64_t slots_cap = u->ws->shape.max_tokens * k;
-      for (int64_t q = 0; q < u->f.tokens * k; q++) {
-        const int here = u->f.topk_ids[q] / (E / 4) == r;
-        const int32_t row = slot_row[q];
-        CHECK(here ? row >= 0 && row < S.rows_cap && row_src[row] == r * slots_cap + q : row == -1,
-              "rank %d slot %lld: slot_row %d (expert %d)", r, (long long)q, row,
-              u->f.topk_ids[q]);
-      }
+      const int64_t q =
+          slot_row_first_wrong(u->ws, u->f.saved, u->f.tokens, u->f.topk_ids, r, E / 4);
+      CHECK(q < 0, "rank %d: slot_row of slot %lld wrong (expert %d)", r, (long long)q,
+            q < 0 ? 0 : u->f.topk_ids[q]);
     }
   }
   teardown(&s);

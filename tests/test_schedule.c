@@ -2,9 +2,9 @@
  * test_schedule.c: the schedule in `saved` (counts, offsets, row_src, row_weight, slot_row,
  * mblock_expert, status) against a construction written the simple way (for each expert, scan
  * every slot), on edge cases: empty experts, all tokens on one expert, k = 1, T = 1, segments of
- * exactly 128 and 129 rows, duplicate ids within a token, T < max_tokens. Each case then runs forward and
- * backward and compares y, dx and d_topk_weights with ref64, as routing edge cases are where the
- * dataflow (not the arithmetic) breaks.
+ * exactly 128 and 129 rows, duplicate ids within a token, T < max_tokens. Each case then runs
+ * forward and backward and compares y, dx and d_topk_weights with ref64, as routing edge cases
+ * are where the dataflow (not the arithmetic) breaks.
  */
 #include <stdio.h>
 #include <stdlib.h>

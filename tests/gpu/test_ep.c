@@ -19,7 +19,6 @@
 
 #include "check.h"
 #include "device.h"
-#include "internal.h"
 
 typedef struct grank {
   mok_context *ctx;
@@ -152,34 +151,21 @@ static void run_ranks_with(gsetup *s, void *(*fn)(void *)) {
 
 static void run_ranks(gsetup *s) { run_ranks_with(s, step_main); }
 
-/* Each rank's saved slot_row: for every own slot, its row here when its expert is here (row_src
- * says the slot back), else -1. */
-static void check_slot_row(const gsetup *s, int64_t experts) {
+/* Each rank's saved slot_row, copied to the host, against the rule (slot_row_first_wrong). */
+static void check_slot_row(const gsetup *s, const mok_shape *shape) {
   for (int r = 0; r < s->ep; r++) {
     const grank *u = &s->r[r];
-    const mok_saved_layout S = mok_saved_layout_of(u->ws, u->f.tokens);
-    const int64_t k = u->ws->shape.top_k, slots = u->f.tokens * k, El = experts / s->ep;
-    const int64_t slots_cap = u->ws->shape.max_tokens * k;
-    int32_t *slot_row = malloc((size_t)slots * 4), *ids = malloc((size_t)slots * 4);
-    int32_t *row_src = malloc((size_t)S.rows_cap * 4);
-    CUDA_CHECK(cudaMemcpy(slot_row, (const char *)u->f.saved + S.slot_row, (size_t)slots * 4,
-                          cudaMemcpyDeviceToHost));
-    CUDA_CHECK(cudaMemcpy(row_src, (const char *)u->f.saved + S.row_src, (size_t)S.rows_cap * 4,
-                          cudaMemcpyDeviceToHost));
+    const size_t bytes = mok_saved_bytes(u->ws, u->f.tokens);
+    const int64_t slots = u->f.tokens * shape->top_k;
+    void *saved = malloc(bytes);
+    int32_t *ids = malloc((size_t)slots * 4);
+    CUDA_CHECK(cudaMemcpy(saved, u->f.saved, bytes, cudaMemcpyDeviceToHost));
     CUDA_CHECK(cudaMemcpy(ids, u->f.topk_ids, (size_t)slots * 4, cudaMemcpyDeviceToHost));
-    int bad = 0;
-    for (int64_t q = 0; q < slots && bad < 5; q++) {
-      const int here = ids[q] / El == r;
-      const int32_t row = slot_row[q];
-      const int ok = here ? row >= 0 && row < S.rows_cap && row_src[row] == r * slots_cap + q
-                          : row == -1;
-      if (!ok) {
-        bad++;
-        CHECK(0, "ep %d rank %d slot %lld: slot_row %d (expert %d)", s->ep, r, (long long)q, row,
-              ids[q]);
-      }
-    }
-    free(slot_row), free(ids), free(row_src);
+    const int64_t q =
+        slot_row_first_wrong(u->ws, saved, u->f.tokens, ids, r, shape->experts / s->ep);
+    CHECK(q < 0, "ep %d rank %d: slot_row of slot %lld wrong (expert %d)", s->ep, r,
+          (long long)q, q < 0 ? 0 : ids[q]);
+    free(saved), free(ids);
   }
 }
 
@@ -212,7 +198,7 @@ static void d4_and_reference(void) {
                 "ep %d rank %d: forward %s, backward %s, check %s", eps[i], r,
                 mok_status_name(s.r[r].fwd), mok_status_name(s.r[r].bwd),
                 mok_status_name(s.r[r].chk));
-        check_slot_row(&s, ep_shape.experts);
+        check_slot_row(&s, &ep_shape);
         gpu_fetch(&d, &got);
         char tag[32];
         snprintf(tag, sizeof tag, "ep %d against ep 1", eps[i]);
