@@ -85,6 +85,24 @@ j = json.load(open('$tmp/b.json'))
 assert j['shape'] == 'fine-7b' and j['repeat'] == 2 and j['identical_bits'] is True, j
 assert len(j['forward_ms_all']) == 2 and j['forward_ms'] > 0 and j['backward_tflops'] > 0, j
 print('ok')"
+# The one hash bench prints is FNV-1a over the hashes of mok run's table, in its order (each as
+# 8 little-endian bytes), for the same shape and seed; another seed gives another.
+digests $mok run --shape fine-7b --scale 1/64 --backend cpu --check-tokens 0 --check-rows 0 \
+  >"$tmp/run_digests"
+check cli/bench_digest_joins_run_digests 0 'ok' -- python3 -c "
+import json
+rows = [l.split() for l in open('$tmp/run_digests').read().splitlines()[2:] if l.strip()]
+assert len(rows) == 6, rows
+h = 0xcbf29ce484222325
+for r in rows:
+    for b in int(r[2], 16).to_bytes(8, 'little'):
+        h = ((h ^ b) * 0x100000001b3) % 2**64
+j = json.load(open('$tmp/b.json'))
+assert j['outputs_fnv64'] == '%016x' % h, (j['outputs_fnv64'], '%016x' % h)
+print('ok')"
+check cli/bench_digest_other_seed 0 'outputs fnv64: [0-9a-f]{16}' -- sh -c "
+  $mok bench --shape fine-7b --scale 1/64 --backend cpu --warmup 0 --repeat 1 --seed 7 |
+  grep 'outputs fnv64' | grep -v \$(python3 -c \"import json; print(json.load(open('$tmp/b.json'))['outputs_fnv64'])\")"
 
 # tools/ab.sh, the A/B driver for the device, on the CPU backend: a row per run, a missing build
 # is a row that says so, not a stop.
@@ -100,6 +118,15 @@ check cli/ab_bench_clocks 0 '\| 1 \| fine-7b \| here \| [0-9.]+ \| [0-9.]+ \| sa
   "${ab[@]}" PATH="$tmp/smi:$PATH" tools/ab.sh bench
 check cli/ab_missing_build 0 '\| 1 \| fine-7b \| nope \| failed' -- \
   "${ab[@]}" BUILDS=nope tools/ab.sh bench
+# A build whose outputs differ from the first build's is named as such (EXP: where builds are).
+mkdir -p "$tmp/exp/other"
+printf '#!/bin/sh\necho "  forward 1.0 1.0 1.0 1.0"\necho "  backward 2.0 2.0 2.0 1.0"
+echo "  repeated bits: identical (every output of the last timed run = the reference run)"
+echo "  outputs fnv64: 0123456789abcdef (the reference run)"\n' >"$tmp/exp/other/mok"
+chmod +x "$tmp/exp/other/mok"
+check cli/ab_bits_across_builds 0 \
+  '\| 1 \| fine-7b \| here \| [0-9.]+ \| [0-9.]+ \| same .*\| 1 \| fine-7b \| here \| [0-9.]+ \| [0-9.]+ \| same .*\| 1 \| fine-7b \| other \| 1.0 \| 2.0 \| other than here \|' -- \
+  "${ab[@]}" EXP="$tmp/exp" BUILDS="here here other" tools/ab.sh bench
 check cli/ab_usage 2 'tools/ab.sh build NAME REV' -- tools/ab.sh
 
 # tools/gpu-check.sh ep, the multi-GPU command, with GPUS=N standing for N visible GPUs and a

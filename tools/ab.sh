@@ -11,7 +11,13 @@
 #                                with the mean SM clock and power while the GPU was busy (GPU 0's
 #                                nvidia-smi samples every 50 ms with utilisation >= 90 %)
 #
-# Defaults: BUILDS="here", SHAPES="mixtral-8x7b", REPS=2, ARGS="--warmup 3 --repeat 20".
+# The table's bits column: "same" when a run repeated its own bits and gave the outputs of the
+# shape's first build (mok bench's "outputs fnv64", the same inputs for every build); "not
+# repeated" when a run's own timed runs differed; "other than B" when its outputs differ from
+# first build B's. So every A/B is also a check of the output bits, with no run of its own.
+#
+# Defaults: BUILDS="here", SHAPES="mixtral-8x7b", REPS=2, ARGS="--warmup 3 --repeat 20";
+# EXP=exp, where the named builds are.
 set -euo pipefail
 cmd=${1:-}
 case "$cmd" in
@@ -22,9 +28,9 @@ build)
   git -C "$top" worktree add -f --detach "$tree" "$rev" > /dev/null
   trap 'git -C "$top" worktree remove -f "$tree"' EXIT
   make -C "$tree" -j"$(nproc)" build/mok > "$tree.log" 2>&1 || { tail -20 "$tree.log"; exit 1; }
-  mkdir -p "$top/exp/$name"
-  cp "$tree/build/mok" "$top/exp/$name/mok"
-  echo "exp/$name/mok: $(git -C "$top" rev-parse --short "$rev")"
+  mkdir -p "$top/${EXP:-exp}/$name"
+  cp "$tree/build/mok" "$top/${EXP:-exp}/$name/mok"
+  echo "${EXP:-exp}/$name/mok: $(git -C "$top" rev-parse --short "$rev")"
   ;;
 bench)
   # The NCCL that mok was built against, as tools/gpu-check.sh finds it (needed from --ep on).
@@ -44,7 +50,7 @@ bench)
     for shape in ${SHAPES:-mixtral-8x7b}; do
       for b in ${BUILDS:-here}; do
         bin=./build/mok
-        [ "$b" = here ] || bin=exp/$b/mok
+        [ "$b" = here ] || bin=${EXP:-exp}/$b/mok
         log="$out/$b-$shape-$r.log"
         rc=0 smi=
         : > "$log.smi"
@@ -61,7 +67,15 @@ bench)
           echo "| $r | $shape | $b | failed (exit $rc) | see $log | | | |" | tee -a "$table"
           continue
         fi
-        bits=$(grep -q "repeated bits: identical" "$log" && echo same || echo DIFFER)
+        digest=$(awk '$1 == "outputs" && $2 == "fnv64:" {print $3; exit}' "$log")
+        key=$(printf '%s' "$shape" | tr -c 'A-Za-z0-9' _)
+        first=first_$key firstb=firstb_$key
+        if ! grep -q "repeated bits: identical" "$log"; then bits="not repeated"
+        elif [ -z "$digest" ]; then bits="no digest" # a mok from before bench printed one
+        else
+          if [ -z "${!first:-}" ]; then printf -v "$first" %s "$digest"; printf -v "$firstb" %s "$b"; fi
+          if [ "$digest" = "${!first}" ]; then bits=same; else bits="other than ${!firstb}"; fi
+        fi
         busy=$(awk -F', *' '$3 + 0 >= 90 {c += $1; p += $2; n++}
                             END {if (n) printf "%.0f | %.0f", c / n, p / n; else print "- | -"}' \
                "$log.smi")

@@ -250,6 +250,13 @@ static uint64_t fnv1a(uint64_t h, const unsigned char *p, size_t n) {
   return h;
 }
 
+/* h extended by the 8 bytes of x, little-endian whatever the host. */
+static uint64_t fnv1a_u64(uint64_t h, uint64_t x) {
+  unsigned char le[8];
+  for (int j = 0; j < 8; j++) le[j] = (unsigned char)(x >> (8 * j));
+  return fnv1a(h, le, 8);
+}
+
 cli_digest cli_digest_of(const void *p, int64_t n, int elem_bytes) {
   const unsigned char *b = p;
   const int64_t bytes = n * elem_bytes;
@@ -284,12 +291,17 @@ cli_digest cli_digest_of(const void *p, int64_t n, int elem_bytes) {
     bad[c] = nf;
   }
   for (int64_t c = 0; c < chunks; c++) {
-    unsigned char le[8];
-    for (int j = 0; j < 8; j++) le[j] = (unsigned char)(hash[c] >> (8 * j));
-    d.hash = fnv1a(d.hash, le, 8);
+    d.hash = fnv1a_u64(d.hash, hash[c]);
     d.abs_sum += sum[c];
     d.nonfinite += bad[c];
   }
   free(hash); free(sum); free(bad);
   return d;
+}
+
+uint64_t cli_digest_join(const cli_digest *d, const int64_t *n, int count) {
+  uint64_t h = FNV_OFFSET;
+  for (int i = 0; i < count; i++)
+    if (n[i] > 0) h = fnv1a_u64(h, d[i].hash);
+  return h;
 }

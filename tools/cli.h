@@ -85,4 +85,9 @@ typedef struct cli_digest {
 /* n values of `elem_bytes` bytes each: 2 = bf16, 4 = fp32. */
 cli_digest cli_digest_of(const void *p, int64_t n, int elem_bytes);
 
+/* One hash of several outputs: FNV-1a over the hashes of those with n[i] > 0, in order (each as
+ * 8 little-endian bytes). What `mok bench` prints, so that builds can be compared by their bits
+ * without a second run. */
+uint64_t cli_digest_join(const cli_digest *d, const int64_t *n, int count);
+
 #endif

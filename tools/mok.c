@@ -117,7 +117,8 @@ static void command_help(cli_command c) {
         "hashed, --warmup more, then --repeat timed runs (CUDA events on cuda, the wall clock\n"
         "on cpu). Prints the median, min and max ms and the median's TFLOP/s, and checks that\n"
         "the last timed run's outputs have the same bits as the reference run's (exit status 1\n"
-        "if not).\n\n"
+        "if not). Last, one 64-bit hash of the reference run's outputs (\"outputs fnv64\"), by\n"
+        "which builds given the same options can be compared bit for bit (tools/ab.sh does).\n\n"
         "bench options:\n"
         "  --warmup N        untimed runs before timing (default %d on cuda, %d on cpu)\n"
         "  --repeat N        timed runs (default %d on cuda, %d on cpu)\n"
@@ -292,7 +293,7 @@ static void json_string(FILE *f, const char *s) {
 
 /* flops: of one forward (of every rank's tokens with --ep). */
 static int write_json(const cli_options *o, double flops, stats f, stats b, const double *fv,
-                      const double *bv, const int kernels[2], int identical) {
+                      const double *bv, const int kernels[2], int identical, uint64_t bits) {
   FILE *j = fopen(o->json, "w");
   if (!j) {
     tool_error("cannot write %s", o->json);
@@ -328,7 +329,8 @@ static int write_json(const cli_options *o, double flops, stats f, stats b, cons
   write_json_times(j, "backward_ms_all", bv, o->repeat);
   if (kernels[0])
     fprintf(j, "  \"forward_kernels\": %d, \"backward_kernels\": %d,\n", kernels[0], kernels[1]);
-  fprintf(j, "  \"identical_bits\": %s\n}\n", identical ? "true" : "false");
+  fprintf(j, "  \"identical_bits\": %s, \"outputs_fnv64\": \"%016llx\"\n}\n",
+          identical ? "true" : "false", (unsigned long long)bits);
   if (fclose(j) != 0) {
     tool_error("cannot write %s", o->json);
     return -1;
@@ -405,9 +407,12 @@ static int cmd_bench(const cli_options *o) {
   }
   printf("%s\n", identical ? " identical (every output of the last timed run = the reference run)"
                            : "");
+  const uint64_t bits = cli_digest_join(ref, n, OUT_COUNT);
+  printf("  outputs fnv64: %016llx (the reference run's outputs, one hash of mok run's table)\n",
+         (unsigned long long)bits);
   if (nonfinite) printf("  %d outputs hold NaN or Inf\n", nonfinite);
   rc = !identical || nonfinite;
-  if (o->json && write_json(o, flops, f, b, fv, bv, kernels, identical)) rc = 1;
+  if (o->json && write_json(o, flops, f, b, fv, bv, kernels, identical, bits)) rc = 1;
   printf("bench: %s\n", rc ? "FAIL" : "PASS");
 done:
   free(fv);
