@@ -118,15 +118,18 @@ check cli/ab_bench_clocks 0 '\| 1 \| fine-7b \| here \| [0-9.]+ \| [0-9.]+ \| sa
   "${ab[@]}" PATH="$tmp/smi:$PATH" tools/ab.sh bench
 check cli/ab_missing_build 0 '\| 1 \| fine-7b \| nope \| failed' -- \
   "${ab[@]}" BUILDS=nope tools/ab.sh bench
-# A build whose outputs differ from the first build's is named as such (EXP: where builds are).
-mkdir -p "$tmp/exp/other"
-printf '#!/bin/sh\necho "  forward 1.0 1.0 1.0 1.0"\necho "  backward 2.0 2.0 2.0 1.0"
-echo "  repeated bits: identical (every output of the last timed run = the reference run)"
-echo "  outputs fnv64: 0123456789abcdef (the reference run)"\n' >"$tmp/exp/other/mok"
-chmod +x "$tmp/exp/other/mok"
-check cli/ab_bits_across_builds 0 \
-  '\| 1 \| fine-7b \| here \| [0-9.]+ \| [0-9.]+ \| same .*\| 1 \| fine-7b \| here \| [0-9.]+ \| [0-9.]+ \| same .*\| 1 \| fine-7b \| other \| 1.0 \| 2.0 \| other than here \|' -- \
-  "${ab[@]}" EXP="$tmp/exp" BUILDS="here here other" tools/ab.sh bench
+# Every build's outputs are compared with the shape's reference build, the first that printed a
+# hash (EXP: where builds are): "old" stands for a mok from before bench printed one, "other"
+# for a build with other bits; the second "here" is compared with the first, not with "other".
+mkdir -p "$tmp/exp/other" "$tmp/exp/old"
+fake='#!/bin/sh\necho "  forward 1.0 1.0 1.0 1.0"\necho "  backward 2.0 2.0 2.0 1.0"
+echo "  repeated bits: identical (every output of the last timed run = the reference run)"\n'
+printf "$fake" >"$tmp/exp/old/mok"
+printf "$fake"'echo "  outputs fnv64: 0123456789abcdef (the reference run)"\n' >"$tmp/exp/other/mok"
+chmod +x "$tmp/exp/other/mok" "$tmp/exp/old/mok"
+r='\| [0-9.]+ \| [0-9.]+ \|'
+check cli/ab_bits_across_builds 0 "\| 1 \| fine-7b \| old $r no digest .*\| 1 \| fine-7b \| here $r same .*\| 1 \| fine-7b \| other $r other than here .*\| 1 \| fine-7b \| here $r same .*\| 2 \| fine-7b \| other $r other than here " -- \
+  "${ab[@]}" REPS=2 EXP="$tmp/exp" BUILDS="old here other here" tools/ab.sh bench
 check cli/ab_usage 2 'tools/ab.sh build NAME REV' -- tools/ab.sh
 
 # tools/gpu-check.sh ep, the multi-GPU command, with GPUS=N standing for N visible GPUs and a

@@ -12,12 +12,13 @@
 #                                nvidia-smi samples every 50 ms with utilisation >= 90 %)
 #
 # The table's bits column: "same" when a run repeated its own bits and gave the outputs of the
-# shape's first build (mok bench's "outputs fnv64", the same inputs for every build); "not
-# repeated" when a run's own timed runs differed; "other than B" when its outputs differ from
-# first build B's. So every A/B is also a check of the output bits, with no run of its own.
+# shape's reference build (mok bench's "outputs fnv64", the same inputs for every build), which
+# is the first in $BUILDS whose run repeated its bits and printed a hash; "other than B" when its
+# outputs differ from reference build B's; "not repeated" when its own timed runs differed; "no
+# digest" for a mok from before bench printed one. So every A/B also checks the output bits.
 #
 # Defaults: BUILDS="here", SHAPES="mixtral-8x7b", REPS=2, ARGS="--warmup 3 --repeat 20";
-# EXP=exp, where the named builds are.
+# EXP=exp, where the named builds are (relative to the repository root, or absolute).
 set -euo pipefail
 cmd=${1:-}
 case "$cmd" in
@@ -28,9 +29,11 @@ build)
   git -C "$top" worktree add -f --detach "$tree" "$rev" > /dev/null
   trap 'git -C "$top" worktree remove -f "$tree"' EXIT
   make -C "$tree" -j"$(nproc)" build/mok > "$tree.log" 2>&1 || { tail -20 "$tree.log"; exit 1; }
-  mkdir -p "$top/${EXP:-exp}/$name"
-  cp "$tree/build/mok" "$top/${EXP:-exp}/$name/mok"
-  echo "${EXP:-exp}/$name/mok: $(git -C "$top" rev-parse --short "$rev")"
+  dest=${EXP:-exp}
+  case $dest in /*) ;; *) dest=$top/$dest ;; esac
+  mkdir -p "$dest/$name"
+  cp "$tree/build/mok" "$dest/$name/mok"
+  echo "$dest/$name/mok: $(git -C "$top" rev-parse --short "$rev")"
   ;;
 bench)
   # The NCCL that mok was built against, as tools/gpu-check.sh finds it (needed from --ep on).

@@ -408,7 +408,7 @@ static int cmd_bench(const cli_options *o) {
   printf("%s\n", identical ? " identical (every output of the last timed run = the reference run)"
                            : "");
   const uint64_t bits = cli_digest_join(ref, n, OUT_COUNT);
-  printf("  outputs fnv64: %016llx (the reference run's outputs, one hash of mok run's table)\n",
+  printf("  outputs fnv64: %016llx (the reference run's outputs, all in one hash)\n",
          (unsigned long long)bits);
   if (nonfinite) printf("  %d outputs hold NaN or Inf\n", nonfinite);
   rc = !identical || nonfinite;
