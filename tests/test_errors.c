@@ -178,7 +178,8 @@ static mok_status run_op(int op, call *c) {
 }
 
 static void bad_arguments(void) {
-  const mok_shape with = {16, 32, 16, 8, 4, 2, MOK_BF16, 0}, without = {16, 32, 16, 0, 4, 2, MOK_BF16, 0};
+  const mok_shape with = {16, 32, 16, 8, 4, 2, MOK_BF16, 0};
+  const mok_shape without = {16, 32, 16, 0, 4, 2, MOK_BF16, 0};
   harness hs[2];
   int ok0 = harness_init(&hs[0], &with, 16, 31, 0), ok1 = harness_init(&hs[1], &without, 16, 32, 0);
   if (ok0 && ok1) {

@@ -81,7 +81,8 @@ static mok_status cuda_context_init(mok_context *ctx) {
                     "device %d (%s) is sm_%d%d; mok's kernels need sm_90 (Hopper)", dev, p.name,
                     p.major, p.minor);
   if (tma_init() != 0)
-    return mok_fail(MOK_ERR_UNSUPPORTED, "the CUDA driver has no cuTensorMapEncodeTiled (need 12.0+)");
+    return mok_fail(MOK_ERR_UNSUPPORTED,
+                    "the CUDA driver has no cuTensorMapEncodeTiled (need 12.0+)");
   device_guard g;
   int max_ctas[2] = {0, 0};
   TRY(device_enter(ctx, &g));
@@ -109,7 +110,7 @@ static mok_status cuda_context_init(mok_context *ctx) {
   return MOK_OK;
 }
 
-/* ---- workspace scratch ------------------------------------------------------------------------ */
+/* ---- workspace scratch ----------------------------------------------------------------------- */
 typedef struct scratch_layout {
   size_t sticky;        /* int32: error bits until mok_check */
   size_t bstatus;       /* int32 [4]: backward's status, the forward's as checked by saved_open
@@ -248,7 +249,7 @@ static void cuda_workspace_fini(mok_workspace *ws) {
   ws->backend = NULL;
 }
 
-/* ---- the EP table ------------------------------------------------------------------------------ */
+/* ---- the EP table ---------------------------------------------------------------------------- */
 static ep_offsets offsets_of(const scratch_layout *L) {
   ep_offsets o = {L->sym_x, L->sym_dy,  L->sym_ids,  L->sym_w,
                   L->sym_tokens, L->slots, L->dtw_part, L->flags};
@@ -363,7 +364,7 @@ static mok_status window_open(mok_workspace *ws) {
   return st;
 }
 
-/* ---- per-call views --------------------------------------------------------------------------- */
+/* ---- per-call views -------------------------------------------------------------------------- */
 typedef struct call {
   mok_workspace *ws;
   cudaStream_t stream;
@@ -470,10 +471,10 @@ static mok_status map3(CUtensorMap *m, const void *p, int64_t b, int64_t rows, i
  * an H200 (120 CTAs), and a product with an odd number of N tiles leaves two CTAs of the last
  * cluster of each block row idle. Measured (DESIGN §2.2): at 2 x 2 the backward as a whole, run
  * back to back, is faster on the large shapes (per kernel in isolation only dgrad_gateup gains
- * clearly), the forward slower. The backward products' N tiles are GEMM_BN wide; the forward's are not counted,
- * they always take 2 x 1. Emulated ranks always take 2 x 1: their GEMMs share one GPU, where
- * clusters of 4 of several ranks were not tested to fit at once (mok_context_create refuses the
- * knob at 4 for them). Sets g->cn. */
+ * clearly), the forward slower. The backward products' N tiles are GEMM_BN wide; the forward's
+ * are not counted, they always take 2 x 1. Emulated ranks always take 2 x 1: their GEMMs share
+ * one GPU, where clusters of 4 of several ranks were not tested to fit at once
+ * (mok_context_create refuses the knob at 4 for them). Sets g->cn. */
 static void cluster_shape(const call *c, gemm_kind kind, gemm_args *g) {
   const mok_context_config *cfg = &c->ws->ctx->cfg;
   const int n_tiles = (g->n + GEMM_BN - 1) / GEMM_BN;
@@ -760,8 +761,10 @@ static mok_status backward_on_device(mok_workspace *ws, const mok_backward_args 
   TRY(publish(&c, c.L->sym_x, a->x, (size_t)c.T * c.H * 2));
   TRY(publish(&c, c.L->sym_dy, a->dy, (size_t)c.T * c.H * 2));
   TRY(barrier(&c, EP_OPEN));
-  __nv_bfloat16 *xr = AT(c.scratch, c.L->xr, __nv_bfloat16), *dyr = AT(c.scratch, c.L->dyr, __nv_bfloat16);
-  __nv_bfloat16 *dgu = AT(c.scratch, c.L->dgu, __nv_bfloat16), *slots = AT(c.scratch, c.L->slots, __nv_bfloat16);
+  __nv_bfloat16 *xr = AT(c.scratch, c.L->xr, __nv_bfloat16);
+  __nv_bfloat16 *dyr = AT(c.scratch, c.L->dyr, __nv_bfloat16);
+  __nv_bfloat16 *dgu = AT(c.scratch, c.L->dgu, __nv_bfloat16);
+  __nv_bfloat16 *slots = AT(c.scratch, c.L->slots, __nv_bfloat16);
   float *part = AT(c.scratch, c.L->dtw_part, float);
   float *dxs = AT(c.scratch, c.L->rows_f32, float);
   __nv_bfloat16 *dgus = AT(c.scratch, c.L->dgus, __nv_bfloat16);
@@ -787,8 +790,8 @@ static mok_status backward_on_device(mok_workspace *ws, const mok_backward_args 
   CUDA_TRY(combine_launch(status_of(&c), c.T, c.k, c.H, c.Is ? dxs : NULL, slots,
                           (__nv_bfloat16 *)a->dx, c.stream),
            "combine");
-  CUDA_TRY(router_grad_launch(status_of(&c), AT(c.scratch, c.L->sticky, int32_t), c.T * c.k, c.I / 64, part, a->d_topk_weights,
-                              c.stream),
+  CUDA_TRY(router_grad_launch(status_of(&c), AT(c.scratch, c.L->sticky, int32_t), c.T * c.k,
+                              c.I / 64, part, a->d_topk_weights, c.stream),
            "router gradient");
   return MOK_OK;
 }

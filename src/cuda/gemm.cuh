@@ -73,7 +73,9 @@ MOK_DEV int rank_m(int rank) { return rank % GEMM_CM; }
 MOK_DEV int rank_n(int rank) { return rank / GEMM_CM; }
 /* The CTAs that receive this CTA's part of B (its N column) and of A (its M row). */
 MOK_DEV uint16_t b_mask(int rank) { return (uint16_t)(3 << (GEMM_CM * rank_n(rank))); }
-MOK_DEV uint16_t a_mask(int rank) { return (uint16_t)(1 << rank_m(rank) | 1 << (rank_m(rank) + GEMM_CM)); }
+MOK_DEV uint16_t a_mask(int rank) {
+  return (uint16_t)(1 << rank_m(rank) | 1 << (rank_m(rank) + GEMM_CM));
+}
 
 /* The order of the tiles: the CTAs running at one time should share their operands in L2. Going
  * along N first, 132 CTAs would cover one or two M tiles of a wide product (mixtral's gate/up has
@@ -245,7 +247,7 @@ MOK_DEV int gemm_produce_begin(gemm_smem *sm, gemm_pipe *p, int valid) {
   return s;
 }
 
-/* ---- kernel prologue and end ------------------------------------------------------------------ */
+/* ---- kernel prologue and end ----------------------------------------------------------------- */
 MOK_DEV gemm_smem *gemm_smem_init(char *raw, int ctas) {
   gemm_smem *sm = (gemm_smem *)(((uintptr_t)raw + 1023) & ~(uintptr_t)1023);
   if (threadIdx.x == 0) {

@@ -185,7 +185,8 @@ static void d4_and_reference(void) {
     CHECK_OK(mok_check(d.ws, 0));
     gpu_fetch(&d, &one);
     const int64_t n = 256 * ep_shape.hidden;
-    double ey = rel_err_bf16(one.y, ref.y, (size_t)n), edx = rel_err_bf16(one.dx, ref.dx, (size_t)n);
+    double ey = rel_err_bf16(one.y, ref.y, (size_t)n);
+    double edx = rel_err_bf16(one.dx, ref.dx, (size_t)n);
     CHECK(ey < 2e-2 && edx < 2e-2, "ep 1 against the CPU backend: y %.2e, dx %.2e", ey, edx);
     const int eps[3] = {2, 4, 8};
     for (int i = 0; i < 3; i++) {
@@ -308,8 +309,8 @@ static void *backward_main(void *p) {
 }
 
 /* Rank 1's backward has fewer tokens than the forward that filled its saved: its check raises
- * MOK_DEVERR_SAVED before the opening barrier, so every rank skips the backward (MOK_ERR_INVALID_ARG
- * at mok_check) and no output of it is written on any rank. */
+ * MOK_DEVERR_SAVED before the opening barrier, so every rank skips the backward
+ * (MOK_ERR_INVALID_ARG at mok_check) and no output of it is written on any rank. */
 static void saved_of_another_call(void) {
   harness h, got, poison;
   if (!harness_init(&h, &ep_shape, 256, 24, 0) || !harness_init(&got, &ep_shape, 256, 24, 0) ||

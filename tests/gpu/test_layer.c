@@ -157,7 +157,8 @@ static void layer_vs_cpu(void) {
       mok_grad_mode mode = m ? MOK_GRAD_ACCUMULATE_F32 : MOK_GRAD_WRITE_BF16;
       mok_shape s = shape_of(sc->T, sc->H, sc->I, sc->Is, sc->E, sc->k);
       harness ref, out;
-      int ok = harness_init(&ref, &s, sc->T, 100 + c, 0) && harness_init(&out, &s, sc->T, 100 + c, 0);
+      int ok = harness_init(&ref, &s, sc->T, 100 + c, 0) &&
+               harness_init(&out, &s, sc->T, 100 + c, 0);
       if (ok) {
         char tag[96];
         snprintf(tag, sizeof tag, "T%lld H%lld I%lld Is%lld E%d k%d %s", (long long)sc->T,
@@ -180,7 +181,8 @@ static void routing_edges(void) {
   mok_shape s = shape_of(257, 128, 128, 0, 4, 2);
   for (int variant = 0; variant < 3; variant++) {
     harness ref, out;
-    if (harness_init(&ref, &s, 257, 7 + variant, 0) && harness_init(&out, &s, 257, 7 + variant, 0)) {
+    if (harness_init(&ref, &s, 257, 7 + variant, 0) &&
+        harness_init(&out, &s, 257, 7 + variant, 0)) {
       for (int64_t t = 0; t < 257; t++)
         for (int j = 0; j < 2; j++) {
           int32_t id;
@@ -576,7 +578,8 @@ static int captured_kernels(gpu_layer *d, int backward) {
     if (nodes && cudaGraphGetNodes(graph, nodes, &n) == cudaSuccess) {
       for (size_t i = 0; i < n; i++) {
         enum cudaGraphNodeType t;
-        kernels += cudaGraphNodeGetType(nodes[i], &t) == cudaSuccess && t == cudaGraphNodeTypeKernel;
+        kernels +=
+            cudaGraphNodeGetType(nodes[i], &t) == cudaSuccess && t == cudaGraphNodeTypeKernel;
       }
     }
     free(nodes);
