@@ -10,12 +10,12 @@ times, on its own tokens and experts:
   - baseline: all_to_all_single dispatch (split sizes exchanged first, on the host, as Megatron's
     all-to-all dispatcher does), the torch._grouped_mm expert layer of bench/layers.py on the
     received rows, all_to_all_single combine, then the weighted sum and the shared expert.
-Forward and backward ms (CUDA events, median of repeats; the slowest rank), TFLOP/s per GPU
-(routed + shared FLOPs of one rank's tokens), and the bytes that cross GPUs in dispatch (rows
-sent to other ranks, H bf16 each) with the time of the kernels that move them: mok's
-dispatch_rows (its combine writes rows to their rank from the down-GEMM epilogue, so has no
-kernel of its own) and the baseline's dispatch all-to-all. Writes ep.json and ep.md under --out
-on rank 0 and prints the table.
+Forward and backward ms (CUDA events, median of repeats, every rank the same number of them;
+the slowest rank), TFLOP/s per GPU (routed + shared FLOPs of one rank's tokens), and the bytes
+that cross GPUs in dispatch and combine with the time of the kernels that move them
+(bench/ep_table.py says which kernels, and how mok's combine, which has no kernel of its own,
+is counted). Rank 0 writes ep.json and ep.md under --out after every measurement (a run cut
+short keeps what it measured) and prints the tables at the end.
 """
 import argparse
 import functools
@@ -33,6 +33,7 @@ import torch.distributed as dist  # noqa: E402
 import torch.distributed.nn.functional as dfn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
+import ep_table  # noqa: E402
 import layers  # noqa: E402
 from measure import measure  # noqa: E402
 from shapes import Shape, fwd_flops  # noqa: E402
@@ -84,8 +85,9 @@ def remote_rows(ins, rank, el):
     return int((ins["topk_ids"] // el != rank).sum())
 
 
-def kernel_ms(fn, ins, dy, pick):
-    """Milliseconds per forward+backward of the kernels whose names `pick` accepts (profiler)."""
+def kernel_ms(fn, ins, dy, impl):
+    """{what: milliseconds per forward+backward} of the kernels that move rows between GPUs
+    (ep_table.MOVERS), by the profiler."""
     from torch.profiler import ProfilerActivity, profile
     reps = 3
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -94,8 +96,16 @@ def kernel_ms(fn, ins, dy, pick):
             torch.autograd.grad(y, [v for v in ins.values()
                                     if isinstance(v, torch.Tensor) and v.requires_grad], dy)
         torch.cuda.synchronize()
-    us = sum(e.device_time_total for e in prof.key_averages() if pick(e.key))
-    return us / 1e3 / reps
+    per_call = [(e.key, e.device_time_total / reps) for e in prof.key_averages()]
+    return ep_table.kernel_ms_by_mover(impl, per_call)
+
+
+def agree_min(n):
+    """The fewest of every rank's n: every rank must run as many calls, or the group's calls
+    (NCCL's and mok's barriers) pair up wrongly and hang."""
+    t = torch.tensor([n], device="cuda")
+    dist.all_reduce(t, op=dist.ReduceOp.MIN)
+    return int(t.item())
 
 
 def gather(row):
@@ -129,34 +139,34 @@ def main():
         rows = remote_rows(ins, rank, s.E // ranks)
         impls = {"mok": functools.partial(mok.moe, group=group, max_tokens=s.T),
                  "all_to_all + grouped_mm": functools.partial(a2a_moe, group=dist.group.WORLD)}
-        # The kernels that move rows between GPUs, and how many times per forward+backward
-        # they move a rank's remote rows: mok pulls x (forward), x and dy (backward); the
-        # baseline's all-to-alls carry the rows out and back in both directions.
-        moved = {"mok": (lambda k: k == "dispatch_rows", 3),
-                 "all_to_all + grouped_mm": (lambda k: "nccl" in k.lower() and (
-                     "SendRecv" in k or "AllToAll" in k), 4)}
         for name, fn in impls.items():
             dist.barrier()
-            m = measure(fn, ins, dy, budget_s=args.budget)
-            pick, times = moved[name]
-            comm = kernel_ms(fn, ins, dy, pick)
+            m = measure(fn, ins, dy, budget_s=args.budget, agree=agree_min)
+            dist.barrier()
+            comm = kernel_ms(fn, ins, dy, name)
             row = dict(shape=s.name, impl=name, ep=ranks, tokens=s.T, rank=rank,
-                       fwd_ms=m["fwd_ms"], bwd_ms=m["bwd_ms"], bits_equal=m["bits_equal"],
-                       remote_bytes=rows * s.H * 2, moves=times, comm_kernel_ms=comm)
+                       fwd_ms=m["fwd_ms"], bwd_ms=m["bwd_ms"], repeats=m["repeats"],
+                       bits_equal=m["bits_equal"], remote_bytes=rows * s.H * 2, comm_ms=comm)
             every = gather(row)
             if rank == 0:
                 slow = dict(row, fwd_ms=max(r["fwd_ms"] for r in every),
                             bwd_ms=max(r["bwd_ms"] for r in every),
                             bits_equal=all(r["bits_equal"] for r in every),
                             remote_bytes=max(r["remote_bytes"] for r in every),
-                            comm_kernel_ms=max(r["comm_kernel_ms"] for r in every))
+                            comm_ms={w: max(r["comm_ms"][w] for r in every) for w in comm})
                 f = fwd_flops(s)
                 slow["fwd_tflops"] = f / slow["fwd_ms"] / 1e9
                 slow["bwd_tflops"] = 2 * f / slow["bwd_ms"] / 1e9
                 results.append(slow)
+                moved = "  ".join(
+                    f"{w} {slow['comm_ms'][w]:.3f} ms "
+                    f"{ep_table.gbs(slow['remote_bytes'], n, slow['comm_ms'][w]) or 0:.0f} GB/s"
+                    for w, _, n, _ in ep_table.MOVERS[name])
                 print(f"{s.name:11s} {name:24s} fwd {slow['fwd_ms']:8.3f} ms "
                       f"{slow['fwd_tflops']:6.0f} TF/s  bwd {slow['bwd_ms']:8.3f} ms "
-                      f"{slow['bwd_tflops']:6.0f} TF/s  bits {slow['bits_equal']}", flush=True)
+                      f"{slow['bwd_tflops']:6.0f} TF/s  bits {slow['bits_equal']}  "
+                      f"remote {slow['remote_bytes'] / 1e6:.1f} MB  {moved}", flush=True)
+                write(args.out, ranks, results, quiet=True)
             if name == "mok":
                 mok.clear_cache()  # collective: every rank frees the window here
         del ins, dy
@@ -166,25 +176,16 @@ def main():
     dist.destroy_process_group()
 
 
-def write(out, ranks, results):
+def write(out, ranks, results, quiet=False):
+    """ep.json and ep.md under out (rank 0); the tables on stdout unless quiet."""
     Path(out).mkdir(parents=True, exist_ok=True)
-    (Path(out) / "ep.json").write_text(json.dumps(results, indent=1))
-    lines = [f"ep = {ranks}, one process per GPU ({torch.cuda.get_device_name()}); times: the "
-             f"slowest rank. remote MB: the rows of a rank's tokens routed to other GPUs (the "
-             f"most of any rank); comm kernel ms: per forward+backward, the kernels that move "
-             f"rows between GPUs; GB/s: the bytes they move over that time", "",
-             "| shape | impl | fwd ms | bwd ms | fwd TF/s/GPU | bwd TF/s/GPU | remote MB | "
-             "comm kernel ms | GB/s | bits identical |", "|" + "---|" * 10]
-    for r in results:
-        moved = r["remote_bytes"] * r["moves"]
-        gbs = moved / r["comm_kernel_ms"] / 1e6 if r["comm_kernel_ms"] else 0
-        lines.append(f"| {r['shape']} | {r['impl']} | {r['fwd_ms']:.3f} | {r['bwd_ms']:.3f} | "
-                     f"{r['fwd_tflops']:.0f} | {r['bwd_tflops']:.0f} | "
-                     f"{r['remote_bytes'] / 1e6:.1f} | {r['comm_kernel_ms']:.3f} | "
-                     f"{gbs:.0f} | {'yes' if r['bits_equal'] else 'NO'} |")
-    md = "\n".join(lines) + "\n"
+    commit = os.environ.get("MOK_COMMIT", "unknown")
+    (Path(out) / "ep.json").write_text(json.dumps(dict(commit=commit, ranks=ranks,
+                                                       results=results), indent=1))
+    md = ep_table.tables(ranks, torch.cuda.get_device_name(), commit, results)
     (Path(out) / "ep.md").write_text(md)
-    print(md, end="")
+    if not quiet:
+        print(md, end="")
 
 
 if __name__ == "__main__":

@@ -126,8 +126,9 @@ def fingerprint(tensors):
     return f"{total:016x}"
 
 
-def measure(fn, ins, dy, budget_s=1.0, min_reps=5, max_reps=50, warmup=2):
-    """Times fn's forward and backward; returns a dict (times in ms, bytes, bits)."""
+def measure(fn, ins, dy, budget_s=1.0, min_reps=5, max_reps=50, warmup=2, agree=None):
+    """Times fn's forward and backward; returns a dict (times in ms, bytes, bits). agree: maps
+    this process's number of repeats to the one every process of a group uses (bench/ep.py)."""
     clock = Clock(dy.device)
     cuda = clock.cuda
     t0 = time.perf_counter()
@@ -139,6 +140,8 @@ def measure(fn, ins, dy, budget_s=1.0, min_reps=5, max_reps=50, warmup=2):
     if per_iter * min_reps > 4 * budget_s:  # very slow: fewer repeats rather than minutes
         min_reps = 2
     reps = int(min(max_reps, max(min_reps, budget_s / per_iter)))
+    if agree is not None:
+        reps = agree(reps)
 
     pairs = []
     with GpuSamples(dy.device) as fwd_gpu:

@@ -133,7 +133,8 @@ check cli/ab_bits_across_builds 0 "\| 1 \| fine-7b \| old $r no digest .*\| 1 \|
 check cli/ab_usage 2 'tools/ab.sh build NAME REV' -- tools/ab.sh
 
 # tools/gpu-check.sh ep, the multi-GPU command, with GPUS=N standing for N visible GPUs and a
-# python3 that records each torch.distributed.run launch (with NCCL_NVLS_ENABLE) and hands every
+# python3 that records each torch.distributed.run launch (with NCCL_NVLS_ENABLE,
+# TORCH_SYMM_MEM_DISABLE_MULTICAST and NVSHMEM_DISABLE_NVLS, "011" when set) and hands every
 # other call to the real python3: ep_nccl.py at ep = 2, 4, ... up to N, the benchmark at the
 # largest, nothing below 2 GPUs; a failing launch is a FAIL. Only without a GPU (test_gpu fails
 # at once, so the exit status is 1 in every case).
@@ -142,7 +143,9 @@ if $mok info | grep -q 'CUDA devices visible: 0'; then
   cat >"$tmp/stub/python3" <<STUB
 #!/bin/sh
 case "\$*" in
-  "-m torch.distributed.run "*) echo "\$NCCL_NVLS_ENABLE \$*" >>"\$OUT/launches"; exit \${EP_RC:-0} ;;
+  "-m torch.distributed.run "*)
+    echo "\$NCCL_NVLS_ENABLE\$TORCH_SYMM_MEM_DISABLE_MULTICAST\$NVSHMEM_DISABLE_NVLS \$*" >>"\$OUT/launches"
+    exit \${EP_RC:-0} ;;
   *) exec $(command -v python3) "\$@" ;;
 esac
 STUB
@@ -151,10 +154,24 @@ STUB
   check cli/gpu_check_ep_4_gpus 1 'ep2-tests +ok.*ep4-tests +ok.*ep-bench +ok' -- \
     env GPUS=4 "${gc[@]}"
   check cli/gpu_check_ep_launches 0 \
-    "^0 -m torch.distributed.run --standalone --nproc-per-node 2 python/tests/ep_nccl.py 0 -m torch.distributed.run --standalone --nproc-per-node 4 python/tests/ep_nccl.py 0 -m torch.distributed.run --standalone --nproc-per-node 4 bench/ep.py --out $tmp/gc/ep \$" \
+    "^011 -m torch.distributed.run --standalone --nproc-per-node 2 python/tests/ep_nccl.py 011 -m torch.distributed.run --standalone --nproc-per-node 4 python/tests/ep_nccl.py 011 -m torch.distributed.run --standalone --nproc-per-node 4 bench/ep.py --out $tmp/gc/ep \$" \
+    -- cat "$tmp/gc/launches"
+  rm "$tmp/gc/launches"
+  # The two halves for two device calls: the tests alone, the benchmark alone.
+  check cli/gpu_check_ep_tests_alone 1 'ep2-tests +ok.*ep4-tests +ok' -- env GPUS=4 \
+    PATH="$tmp/stub:$PATH" OUT="$tmp/gc" tools/gpu-check.sh ep-tests
+  check cli/gpu_check_ep_tests_launch_no_bench 0 \
+    "^011 [^ ]* [^ ]* [^ ]* [^ ]* 2 python/tests/ep_nccl.py 011 [^ ]* [^ ]* [^ ]* [^ ]* 4 python/tests/ep_nccl.py \$" \
+    -- cat "$tmp/gc/launches"
+  rm "$tmp/gc/launches"
+  check cli/gpu_check_ep_bench_alone 0 'ep-bench +ok' -- env GPUS=8 \
+    PATH="$tmp/stub:$PATH" OUT="$tmp/gc" tools/gpu-check.sh ep-bench
+  check cli/gpu_check_ep_bench_launches_bench_only 0 \
+    "^011 -m torch.distributed.run --standalone --nproc-per-node 8 bench/ep.py --out $tmp/gc/ep \$" \
     -- cat "$tmp/gc/launches"
   rm "$tmp/gc/launches"
   check cli/gpu_check_ep_1_gpu 1 'skipped: 1 GPU' -- env GPUS=1 "${gc[@]}"
+  check cli/gpu_check_unknown_mode 2 'usage: tools/gpu-check.sh' -- tools/gpu-check.sh ep-all
   check cli/gpu_check_ep_1_gpu_launches_nothing 1 '' -- test -e "$tmp/gc/launches"
   check cli/gpu_check_ep_launch_fails 1 'ep2-tests +FAIL  rc=3.*ep-bench +FAIL' -- \
     env GPUS=2 EP_RC=3 "${gc[@]}"

@@ -2,16 +2,22 @@
 # gpu-check.sh: the one command for the device (make gpu-check). Builds everything, runs the GPU
 # tests, the Python tests (torch, CUDA) and the benchmark, writes full logs under $OUT (or
 # results/ when $OUT is unset) and prints a short summary last; exit status 1 if a step failed.
-# Usage: tools/gpu-check.sh [tests|bench|all|sanitize|ep]   (default all)
+# Usage: tools/gpu-check.sh [tests|bench|all|sanitize|ep|ep-tests|ep-bench]   (default all)
 #   sanitize: compute-sanitizer's memcheck and racecheck on the small-shape GPU test (minutes
 #       each, so not in all); clusters of 2 x 1 and of 2 x 2 both run there.
 #   ep: expert parallelism over every visible GPU, one process per GPU (issue 7): the GPU tests,
 #       python/tests/ep_nccl.py (D4 against ep = 1, a late rank, a missing rank) at ep = 2, 4 and
 #       8 as far as the GPUs go, then bench/ep.py at the largest; NVLink multicast off. It can
 #       take longer than one call of a time-limited device: each step prints its result as it
-#       ends and leaves its log under $OUT, so a cut-off run still says how far it got.
+#       ends and leaves its log under $OUT, so a cut-off run still says how far it got; and
+#       ep-tests (the tests alone) and ep-bench (the benchmark alone) split it in two calls.
+#       bench/ep.py writes its tables after every measurement, into $OUT/ep.
 set -uo pipefail
 what=${1:-all}
+case "$what" in
+  tests | bench | all | sanitize | ep | ep-tests | ep-bench) ;;
+  *) echo "usage: tools/gpu-check.sh [tests|bench|all|sanitize|ep|ep-tests|ep-bench]" >&2; exit 2 ;;
+esac
 out=${OUT:-results}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1 MOK_LIB=build/libmok.so
@@ -52,20 +58,22 @@ if [ "$what" = sanitize ]; then
       ./build/test_gpu gpu/layer_vs_cpu_small_shapes
   done
 fi
-if [ "$what" = ep ]; then
+if [ "$what" = ep ] || [ "$what" = ep-tests ] || [ "$what" = ep-bench ]; then
   export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
   # The GPUs this process may use (CUDA_VISIBLE_DEVICES counts), as the library sees them.
   gpus=${GPUS:-$(./build/mok info 2>/dev/null | sed -n 's/.*CUDA devices visible: \([0-9]*\).*/\1/p')}
   gpus=${gpus:-0}
-  step gpu-tests 420 ./build/test_gpu
+  [ "$what" = ep-bench ] || step gpu-tests 420 ./build/test_gpu
   top=0
   for r in 2 4 8; do
     [ "$r" -le "$gpus" ] || break
-    step "ep$r-tests" 300 python3 -m torch.distributed.run --standalone --nproc-per-node "$r" \
-      python/tests/ep_nccl.py
+    [ "$what" = ep-bench ] || step "ep$r-tests" 300 python3 -m torch.distributed.run \
+      --standalone --nproc-per-node "$r" python/tests/ep_nccl.py
     top=$r
   done
-  if [ "$top" -gt 0 ]; then
+  if [ "$what" = ep-tests ]; then
+    :
+  elif [ "$top" -gt 0 ]; then
     step ep-bench 540 python3 -m torch.distributed.run --standalone --nproc-per-node "$top" \
       bench/ep.py --out "$out/ep"
   else

@@ -105,7 +105,9 @@ def absent_rank(mine, rank, ranks, pg, dev):
             step(mine, group, T_RANK)
             mok.check(dev)
             seen = "no error"
-        except mok.MokTimeout:
+        except mok.MokTimeout as e:
+            print(f"rank {rank}/{ranks} absent rank: the call raised {type(e).__name__}: {e}",
+                  flush=True)
             try:
                 step(mine, group, T_RANK)
                 seen = "a later call was accepted"
