@@ -151,25 +151,21 @@ esac
 STUB
   chmod +x "$tmp/stub/python3"
   gc=(env PATH="$tmp/stub:$PATH" OUT="$tmp/gc" tools/gpu-check.sh ep)
-  check cli/gpu_check_ep_4_gpus 1 'ep2-tests +ok.*ep4-tests +ok.*ep-bench +ok' -- \
-    env GPUS=4 "${gc[@]}"
-  check cli/gpu_check_ep_launches 0 \
-    "^011 -m torch.distributed.run --standalone --nproc-per-node 2 python/tests/ep_nccl.py 011 -m torch.distributed.run --standalone --nproc-per-node 4 python/tests/ep_nccl.py 011 -m torch.distributed.run --standalone --nproc-per-node 4 bench/ep.py --out $tmp/gc/ep \$" \
-    -- cat "$tmp/gc/launches"
-  rm "$tmp/gc/launches"
-  # The two halves for two device calls: the tests alone, the benchmark alone.
-  check cli/gpu_check_ep_tests_alone 1 'ep2-tests +ok.*ep4-tests +ok' -- env GPUS=4 \
-    PATH="$tmp/stub:$PATH" OUT="$tmp/gc" tools/gpu-check.sh ep-tests
-  check cli/gpu_check_ep_tests_launch_no_bench 0 \
-    "^011 [^ ]* [^ ]* [^ ]* [^ ]* 2 python/tests/ep_nccl.py 011 [^ ]* [^ ]* [^ ]* [^ ]* 4 python/tests/ep_nccl.py \$" \
-    -- cat "$tmp/gc/launches"
-  rm "$tmp/gc/launches"
-  check cli/gpu_check_ep_bench_alone 0 'ep-bench +ok' -- env GPUS=8 \
-    PATH="$tmp/stub:$PATH" OUT="$tmp/gc" tools/gpu-check.sh ep-bench
-  check cli/gpu_check_ep_bench_launches_bench_only 0 \
-    "^011 -m torch.distributed.run --standalone --nproc-per-node 8 bench/ep.py --out $tmp/gc/ep \$" \
-    -- cat "$tmp/gc/launches"
-  rm "$tmp/gc/launches"
+  # ep_mode NAME MODE GPUS STATUS SUMMARY LAUNCHES: `gpu-check.sh MODE` with GPUS stand-in GPUs
+  # exits with STATUS and its output matches SUMMARY; the launches it recorded match LAUNCHES.
+  # ep-tests and ep-bench are the two halves, for two device calls.
+  ep_mode() {
+    check "cli/gpu_check_$1" "$4" "$5" -- env GPUS="$3" PATH="$tmp/stub:$PATH" OUT="$tmp/gc" \
+      tools/gpu-check.sh "$2"
+    check "cli/gpu_check_$1_launches" 0 "$6" -- cat "$tmp/gc/launches"
+    rm -f "$tmp/gc/launches"
+  }
+  run="011 -m torch.distributed.run --standalone --nproc-per-node"
+  ep_mode ep_4_gpus ep 4 1 'ep2-tests +ok.*ep4-tests +ok.*ep-bench +ok' \
+    "^$run 2 python/tests/ep_nccl.py $run 4 python/tests/ep_nccl.py $run 4 bench/ep.py --out $tmp/gc/ep \$"
+  ep_mode ep_tests_alone ep-tests 4 1 'ep2-tests +ok.*ep4-tests +ok' \
+    "^$run 2 python/tests/ep_nccl.py $run 4 python/tests/ep_nccl.py \$"
+  ep_mode ep_bench_alone ep-bench 8 0 'ep-bench +ok' "^$run 8 bench/ep.py --out $tmp/gc/ep \$"
   check cli/gpu_check_ep_1_gpu 1 'skipped: 1 GPU' -- env GPUS=1 "${gc[@]}"
   check cli/gpu_check_unknown_mode 2 'usage: tools/gpu-check.sh' -- tools/gpu-check.sh ep-all
   check cli/gpu_check_ep_1_gpu_launches_nothing 1 '' -- test -e "$tmp/gc/launches"
