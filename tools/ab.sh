@@ -47,6 +47,7 @@ bench)
   trap 'if [ -n "$smi" ]; then kill "$smi" 2> /dev/null || true; fi' EXIT
   read -r -a args <<< "${ARGS:---warmup 3 --repeat 20}"
   table="$out/table.md"
+  declare -A ref_digest ref_build # per shape: the reference build's outputs hash, and its name
   echo "| round | shape | build | fwd ms | bwd ms | bits | SM MHz | W |" > "$table"
   echo "|---|---|---|---:|---:|---|---:|---:|" >> "$table"
   for r in $(seq "${REPS:-2}"); do
@@ -71,13 +72,12 @@ bench)
           continue
         fi
         digest=$(awk '$1 == "outputs" && $2 == "fnv64:" {print $3; exit}' "$log")
-        key=$(printf '%s' "$shape" | tr -c 'A-Za-z0-9' _)
-        first=first_$key firstb=firstb_$key
         if ! grep -q "repeated bits: identical" "$log"; then bits="not repeated"
         elif [ -z "$digest" ]; then bits="no digest" # a mok from before bench printed one
         else
-          if [ -z "${!first:-}" ]; then printf -v "$first" %s "$digest"; printf -v "$firstb" %s "$b"; fi
-          if [ "$digest" = "${!first}" ]; then bits=same; else bits="other than ${!firstb}"; fi
+          if [ -z "${ref_digest[$shape]:-}" ]; then ref_digest[$shape]=$digest ref_build[$shape]=$b; fi
+          if [ "$digest" = "${ref_digest[$shape]}" ]; then bits=same
+          else bits="other than ${ref_build[$shape]}"; fi
         fi
         busy=$(awk -F', *' '$3 + 0 >= 90 {c += $1; p += $2; n++}
                             END {if (n) printf "%.0f | %.0f", c / n, p / n; else print "- | -"}' \

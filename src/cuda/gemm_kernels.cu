@@ -19,7 +19,7 @@
 #define GEMM_ARCH_OK 0
 #endif
 
-/* ---- operand loads: shared tiles in parts, one per CTA, multicast to the CTAs that share them  */
+/* ---- operand loads: shared tiles in parts, one per CTA, multicast to the CTAs that share them */
 /* K-major A [128 rows][64 k] of M tile m0: cn boxes of 128 / cn rows (the map's box); when the
  * row's CTAs share it, each loads its own box for all of them. */
 MOK_DEV void load_a_kmajor(const gemm_args *g, __nv_bfloat16 *sa, uint64_t *bar,

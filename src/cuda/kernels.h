@@ -172,9 +172,9 @@ cudaError_t schedule_launch(const sched_args *a, cudaStream_t stream);
 /* Routed row r gets row row_src[r] % slots_cap / k of rank row_src[r] / slots_cap's src (zeros
  * on padding), for one or two tensors. This rank's T tokens are read once each and written to
  * their slots' rows (slot_row); rows of other ranks (of `ranks`) come from their published x
- * (dy) in `peers`. `filled` (the forward's and
- * recompute's): saved's MOK_STATUS_FILLED word, set to 1 when the call had no error before
- * dispatch (a later launch failure is returned to the caller). */
+ * (dy) in `peers`. `filled` (the forward's and recompute's): saved's MOK_STATUS_FILLED word, set
+ * to 1 when the call had no error before dispatch (a later launch failure is returned to the
+ * caller). */
 typedef struct dispatch_args {
   const int32_t *status, *offsets, *row_src, *slot_row; /* offsets[experts_local]: rows */
   int experts_local, T, k, H, rows_cap, rank, slots_cap;
