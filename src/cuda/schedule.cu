@@ -89,24 +89,59 @@ static __device__ int block_exclusive_scan(int v, int *total) {
   return before;
 }
 
+#define SCAN_BATCH 8 /* chunk counts a thread loads before it uses any of them */
+
+/* Returns `run` plus the counts of expert e in chunks [c0, c1); with `write`, also replaces each
+ * count by the running sum before it. Loads go SCAN_BATCH at a time so that a thread waits out one L2 latency per
+ * batch, not per chunk; a warp's lanes hold consecutive experts, so each load is coalesced. */
+static __device__ int scan_chunks(int *chunk_counts, int E, int e, int c0, int c1, int run,
+                                  bool write) {
+  for (int c = c0; c < c1; c += SCAN_BATCH) {
+    int v[SCAN_BATCH];
+#pragma unroll
+    for (int u = 0; u < SCAN_BATCH; u++)
+      v[u] = c + u < c1 ? chunk_counts[(size_t)(c + u) * E + e] : 0;
+#pragma unroll
+    for (int u = 0; u < SCAN_BATCH; u++) {
+      if (write && c + u < c1) chunk_counts[(size_t)(c + u) * E + e] = run;
+      run += v[u];
+    }
+  }
+  return run;
+}
+
 __global__ void __launch_bounds__(SCHED_THREADS) sched_scan(sched_args a, int chunks) {
+  __shared__ int part[SCHED_THREADS]; /* [group][expert column]: a group's sum of its chunks */
   const int E = a.experts_local;
   if (threadIdx.x == 0) a.status[MOK_STATUS_TOKENS] = a.slots / a.top_k; /* backward checks it */
-  /* Each thread owns a contiguous run of experts: chunk bases and padded sizes. */
-  const int per = (E + blockDim.x - 1) / blockDim.x;
-  const int e0 = threadIdx.x * per, e1 = min(E, e0 + per);
-  int mine = 0;
-  for (int e = e0; e < e1; e++) {
-    int run = 0;
-    for (int c = 0; c < chunks; c++) {
-      int *cc = &a.chunk_counts[(size_t)c * E + e];
-      int v = *cc;
-      *cc = run;
-      run += v;
+  /* Chunk bases. The block takes up to blockDim.x experts at a time, one column of threads per
+   * expert and the chunks split among `groups` rows of them: each thread sums its slice, then
+   * rewrites it as bases from the sums of the slices before it. A thread walking all of an
+   * expert's chunks alone waited out an L2 latency per chunk: 66 us for fine-7b's 192 chunks at
+   * ncu's clock (perf-log 2026-12-03, fourteenth session). Integer sums: the same bases. */
+  const int cols = min(E, (int)blockDim.x), groups = blockDim.x / cols;
+  const int col = threadIdx.x % cols, g = threadIdx.x / cols;
+  const int per = (chunks + groups - 1) / groups;
+  const int c0 = min(chunks, g * per), c1 = min(chunks, c0 + per);
+  for (int eb = 0; eb < E; eb += cols) {
+    const int e = eb + col;
+    const bool active = g < groups && e < E;
+    const int sum = active ? scan_chunks(a.chunk_counts, E, e, c0, c1, 0, false) : 0;
+    if (g < groups) part[g * cols + col] = sum;
+    __syncthreads();
+    if (active) {
+      int run = 0;
+      for (int h = 0; h < g; h++) run += part[h * cols + col];
+      run = scan_chunks(a.chunk_counts, E, e, c0, c1, run, true);
+      if (g == groups - 1) a.counts[e] = run;
     }
-    a.counts[e] = run;
-    mine += (run + MOK_TILE_M - 1) / MOK_TILE_M * MOK_TILE_M;
+    __syncthreads(); /* part[] is reused; counts[] is read below by other threads */
   }
+  /* Each thread owns a contiguous run of experts: padded sizes and offsets. */
+  const int each = (E + blockDim.x - 1) / blockDim.x;
+  const int e0 = threadIdx.x * each, e1 = min(E, e0 + each);
+  int mine = 0;
+  for (int e = e0; e < e1; e++) mine += (a.counts[e] + MOK_TILE_M - 1) / MOK_TILE_M * MOK_TILE_M;
   int total;
   int off = block_exclusive_scan(mine, &total);
   if (total > a.rows_cap) { /* over the capacity (shape.routed_rows): every later kernel skips */
@@ -122,11 +157,13 @@ __global__ void __launch_bounds__(SCHED_THREADS) sched_scan(sched_args a, int ch
   }
   if (threadIdx.x == 0) a.offsets[E] = total;
   __syncthreads();
-  /* The expert of each 128-row block, and padding rows marked empty. */
-  for (int e = threadIdx.x; e < E; e += blockDim.x) {
-    int begin = a.offsets[e], end = a.offsets[e + 1];
-    for (int b = begin / MOK_TILE_M; b < end / MOK_TILE_M; b++) a.mblock_expert[b] = e;
-    for (int r = begin + a.counts[e]; r < end; r++) {
+  /* The expert of each 128-row block, and padding rows marked empty: a warp per expert, so
+   * that its lanes store to neighbouring rows (a thread per expert scattered every store). */
+  const int lane = threadIdx.x % 32, warps = blockDim.x / 32;
+  for (int e = threadIdx.x / 32; e < E; e += warps) {
+    const int begin = a.offsets[e], end = a.offsets[e + 1];
+    for (int b = begin / MOK_TILE_M + lane; b < end / MOK_TILE_M; b += 32) a.mblock_expert[b] = e;
+    for (int r = begin + a.counts[e] + lane; r < end; r += 32) {
       a.row_src[r] = -1;
       a.row_weight[r] = 0.0f;
     }
@@ -153,6 +190,10 @@ __global__ void __launch_bounds__(SCHED_THREADS) sched_place(sched_args a) {
     int e = id - a.expert_base;
     if (id_valid(id, a.experts) && e >= 0 && e < a.experts_local) key = e;
   }
+  /* Loaded before the turns: read inside its warp's turn, after the row_src store, the weight
+   * cost every turn a load's latency, 32 in a row (the kernel took 34 us on fine-7b at ncu's
+   * clock, 17 us with this; perf-log 2026-12-03, fourteenth session). */
+  const float weight = key >= 0 ? sl.w[sl.f] : 0.0f;
   /* Warps take turns so that rows follow slot order across the whole chunk. */
   for (int w = 0; w < SCHED_THREADS / 32; w++) {
     if (warp == w) {
@@ -167,7 +208,7 @@ __global__ void __launch_bounds__(SCHED_THREADS) sched_place(sched_args a) {
       base = __shfl_sync(0xffffffffu, base, leader);
       if (key >= 0) {
         a.row_src[base + rank] = sl.src * a.slots_cap + sl.f;
-        a.row_weight[base + rank] = sl.w[sl.f];
+        a.row_weight[base + rank] = weight;
       }
       if (sl.src == a.rank && sl.f < sl.n) a.slot_row[sl.f] = key >= 0 ? base + rank : -1;
     }

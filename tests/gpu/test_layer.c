@@ -143,11 +143,12 @@ typedef struct small_case {
 } small_case;
 
 /* Odd sizes: tiles that overhang H and I, one expert, T = 1, a shared expert of another I,
- * k > 32 (dispatch takes a token's slots 32 at a time). */
+ * k > 32 (dispatch takes a token's slots 32 at a time), and more experts than the scan's block
+ * has threads, with more chunks than it loads in one batch (9 chunks of 1024 slots). */
 static const small_case small_cases[] = {
     {300, 192, 320, 0, 8, 2},   {1, 64, 64, 64, 4, 4},     {257, 384, 128, 192, 16, 8},
     {130, 128, 64, 0, 1, 1},    {77, 320, 192, 64, 5, 3},  {513, 256, 448, 128, 32, 4},
-    {65, 64, 64, 0, 48, 40},
+    {65, 64, 64, 0, 48, 40},    {2100, 64, 64, 0, 1500, 4},
 };
 
 static void layer_vs_cpu(void) {
