@@ -143,12 +143,13 @@ typedef struct small_case {
 } small_case;
 
 /* Odd sizes: tiles that overhang H and I, one expert, T = 1, a shared expert of another I,
- * k > 32 (dispatch takes a token's slots 32 at a time), and more experts than the scan's block
- * has threads, with more chunks than it loads in one batch (9 chunks of 1024 slots). */
+ * k > 32 (dispatch takes a token's slots 32 at a time), and for the schedule's scan: more
+ * experts than its block has threads, with more chunks than it loads in one batch (9 chunks of
+ * 1024 slots), and 33 chunks over 21 rows of 48 threads (slices of 2 after a prefix). */
 static const small_case small_cases[] = {
     {300, 192, 320, 0, 8, 2},   {1, 64, 64, 64, 4, 4},     {257, 384, 128, 192, 16, 8},
     {130, 128, 64, 0, 1, 1},    {77, 320, 192, 64, 5, 3},  {513, 256, 448, 128, 32, 4},
-    {65, 64, 64, 0, 48, 40},    {2100, 64, 64, 0, 1500, 4},
+    {65, 64, 64, 0, 48, 40},    {2100, 64, 64, 0, 1500, 4}, {2100, 64, 64, 0, 48, 16},
 };
 
 static void layer_vs_cpu(void) {
