@@ -175,9 +175,20 @@ STUB
   printf '#!/bin/sh\necho "$*" >>"$OUT/sanitizer"\n' >"$tmp/stub/compute-sanitizer"
   chmod +x "$tmp/stub/compute-sanitizer"
   check cli/gpu_check_sanitize 0 'memcheck +ok.*racecheck +ok' -- \
-    env PATH="$tmp/stub:$PATH" OUT="$tmp/gc" tools/gpu-check.sh sanitize
+    env PATH="$tmp/stub:$PATH" OUT="$tmp/gcs" tools/gpu-check.sh sanitize
   check cli/gpu_check_sanitize_runs 0 '^--tool memcheck --error-exitcode 1 ./build/test_gpu gpu/layer_vs_cpu_small_shapes --tool racecheck' -- \
-    cat "$tmp/gc/sanitizer"
+    cat "$tmp/gcs/sanitizer"
+  # More than 8 files under $OUT (the most the device returns): all packed into logs.tgz, and a
+  # benchmark table stays beside it.
+  mkdir -p "$tmp/gc9/old"
+  for i in 1 2 3 4 5 6 7; do echo "$i" >"$tmp/gc9/old/f$i"; done
+  echo table >"$tmp/gc9/bench.md"
+  check cli/gpu_check_packs_logs 0 'every log is in' -- \
+    env PATH="$tmp/stub:$PATH" OUT="$tmp/gc9" tools/gpu-check.sh sanitize
+  check cli/gpu_check_packed_files 0 '^bench.md logs.tgz $' -- \
+    sh -c "cd '$tmp/gc9' && find . -type f | sed 's|^./||' | sort | tr '\n' ' '"
+  check cli/gpu_check_packed_logs 0 'memcheck.log.*old/f7.*sanitizer' -- \
+    sh -c "tar tzf '$tmp/gc9/logs.tgz' | sort | tr '\n' ' '"
 fi
 
 if $mok info | grep -q 'CUDA devices visible: 0'; then

@@ -12,6 +12,8 @@
 #       ends and leaves its log under $OUT, so a cut-off run still says how far it got; and
 #       ep-tests (the tests alone) and ep-bench (the benchmark alone) split it in two calls.
 #       bench/ep.py writes its tables after every measurement, into $OUT/ep.
+# Where the logs come to more than 8 files (what the device returns), they end packed in
+# $OUT/logs.tgz.
 set -uo pipefail
 what=${1:-all}
 case "$what" in
@@ -84,4 +86,13 @@ echo
 echo "== summary ($(head -2 "$out/gpu.txt" | tail -1))"
 printf '%s\n' "${summary[@]}"
 grep -hE "passed, .* failed" "$out/gpu-tests.log" 2>/dev/null
+# The device returns at most 8 files from $OUT: past that, everything goes into logs.tgz there,
+# and the benchmark's bench.json, bench.md and bench.png also stay beside it.
+if [ "$(find "$out" -type f | wc -l)" -gt 8 ]; then
+  pack=$(mktemp /tmp/gpu-check-XXXXXX.tgz)
+  tar czf "$pack" -C "$out" . &&
+    find "$out" -type f ! -name 'bench.json' ! -name 'bench.md' ! -name 'bench.png' -delete &&
+    find "$out" -mindepth 1 -type d -empty -delete && mv "$pack" "$out/logs.tgz" &&
+    echo "(more than 8 files: every log is in $out/logs.tgz)"
+fi
 exit $failed
