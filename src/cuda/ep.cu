@@ -47,6 +47,11 @@ __global__ void ep_barrier(const ep_table *tb, int rank, int ranks, int when, in
     unsigned long long v;
     while ((unsigned)((v = ld_acquire_sys(own + q)) >> 32) != e) {
       if ((long long)(globaltimer_ns() - start) > timeout_ns) {
+        /* Said on the device, where it is known: which barrier and which rank never came (the
+         * host sees only MOK_ERR_TIMEOUT). Printed at the caller's next synchronisation. */
+        printf("mok: EP rank %d of %d: the %s barrier (epoch %u) timed out; rank %d is at epoch "
+               "%u\n", rank, ranks, when == EP_OPEN ? "open" : when == EP_CHECK ? "check" : "close",
+               e, q, (unsigned)(v >> 32));
         bits |= MOK_DEVERR_TIMEOUT;
         break;
       }

@@ -92,8 +92,9 @@ static __device__ int block_exclusive_scan(int v, int *total) {
 #define SCAN_BATCH 8 /* chunk counts a thread loads before it uses any of them */
 
 /* Returns `run` plus the counts of expert e in chunks [c0, c1); with `write`, also replaces each
- * count by the running sum before it. Loads go SCAN_BATCH at a time so that a thread waits out one L2 latency per
- * batch, not per chunk; a warp's lanes hold consecutive experts, so each load is coalesced. */
+ * count by the running sum before it. Loads go SCAN_BATCH at a time so that a thread waits out
+ * one L2 latency per batch, not per chunk; a warp's lanes hold consecutive experts, so each load
+ * is coalesced. */
 static __device__ int scan_chunks(int *chunk_counts, int E, int e, int c0, int c1, int run,
                                   bool write) {
   for (int c = c0; c < c1; c += SCAN_BATCH) {
