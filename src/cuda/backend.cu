@@ -599,6 +599,7 @@ static mok_status wgrad(const call *c, int routed, const void *a, int64_t M, con
   TRY(map2(&g.a, a, rows, M, 64));
   TRY(map2(&g.b0, b, rows, N, 64));
   g.offsets = routed ? AT(c->saved, c->S.offsets, int32_t) : NULL;
+  g.counts = routed ? AT(c->saved, c->S.counts, int32_t) : NULL;
   g.experts = routed ? c->E_local : 1;
   g.status = c->status;
   g.m_tiles_max = (int)((M + GEMM_BM - 1) / GEMM_BM);

@@ -125,7 +125,9 @@ MOK_DEV gemm_tile rowgroup_tile(const gemm_args *g, int q, int bn_out, int rank,
   return r;
 }
 
-/* Weight-gradient products: every expert has the same output tiles; K = its padded rows. */
+/* Weight-gradient products: every expert has the same output tiles; K = its routed rows, rounded
+ * up to a k-block. The padding past that (up to 127 rows of zeros in both operands) adds nothing
+ * and is not walked: 11.5 % of gpt-oss-120b's rows are padding, half a k-block an expert. */
 MOK_DEV int wgrad_block_count(const gemm_args *g, int cn) {
   return g->experts * gemm_blocks(g->m_tiles_max, g->n, GEMM_BN, cn);
 }
@@ -145,7 +147,7 @@ MOK_DEV gemm_tile wgrad_tile(const gemm_args *g, int q, int rank, int cn) {
   r.a_shared = cn == 2 && cn * nb + 1 < n_tiles && mt < m_tiles;
   if (g->offsets) {
     r.k_row0 = g->offsets[r.expert];
-    r.k_blocks = (g->offsets[r.expert + 1] - r.k_row0) / GEMM_BK;
+    r.k_blocks = ceil_div_dev(g->counts[r.expert], GEMM_BK);
   } else {
     r.k_row0 = 0;
     r.k_blocks = (g->k + GEMM_BK - 1) / GEMM_BK;

@@ -98,6 +98,7 @@ typedef struct gemm_args {
    * Weight-gradient kernels: `experts` independent products, K = each expert's rows. */
   const int32_t *offsets;        /* [E_local + 1] padded segment starts, or NULL */
   const int32_t *mblock_expert;  /* [rows_cap / 128], or NULL */
+  const int32_t *counts;         /* weight gradients: [E_local] routed rows of each expert */
   const int32_t *status;         /* the call's error word: non-zero means do nothing */
   int experts;      /* E_local (or 1 for the shared expert): offsets[experts] ends the rows */
   int m_tiles_max;  /* upper bound of M tiles (grid sizing, wgrad: exact) */
