@@ -126,8 +126,10 @@ MOK_DEV gemm_tile rowgroup_tile(const gemm_args *g, int q, int bn_out, int rank,
 }
 
 /* Weight-gradient products: every expert has the same output tiles; K = its routed rows, rounded
- * up to a k-block. The padding past that (up to 127 rows of zeros in both operands) adds nothing
- * and is not walked: 11.5 % of gpt-oss-120b's rows are padding, half a k-block an expert. */
+ * up to a k-block (up to 63 padding rows walked, zeros in both operands). The padding past that,
+ * 64 rows of an expert or none, adds nothing and is not walked: 11.5 % of gpt-oss-120b's rows are
+ * padding, about half a k-block an expert. offsets and counts come from the same schedule; after
+ * a capacity overflow only counts is written, and the status word stops the kernel first. */
 MOK_DEV int wgrad_block_count(const gemm_args *g, int cn) {
   return g->experts * gemm_blocks(g->m_tiles_max, g->n, GEMM_BN, cn);
 }
