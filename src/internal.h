@@ -54,6 +54,9 @@ enum {
   MOK_STATUS_FILLED = 3  /* 1 once forward or recompute wrote the activations; 0 after a
                           * schedule alone */
 };
+/* The backward's copy of the status (CUDA) has no use for TOKENS: its word 2 says whether the
+ * workspace's routed x rows are already this call's (saved_open, rows.cu). */
+enum { MOK_BSTATUS_X_ROWS = 2 };
 
 #ifdef __CUDACC__
 #define MOK_HOST_DEVICE __host__ __device__
@@ -78,6 +81,9 @@ typedef struct mok_saved_layout {
   int64_t tokens;        /* T */
   int64_t rows_cap;      /* most routed rows incl. padding: multiple of MOK_TILE_M */
   size_t status;         /* int32[4]: [0] device error bits of this call */
+  size_t tag;            /* u64[2], CUDA: the workspace and the number of the forward that
+                          * filled saved, against which a backward knows the routed x rows the
+                          * workspace still holds (rows.cu) */
   size_t counts;         /* int32[E_local] routed rows per local expert */
   size_t offsets;        /* int32[E_local + 1] padded first row per expert; [E_local] = total */
   size_t row_src;        /* int32[rows_cap] source of each routed row: its rank's slot t*k + j,

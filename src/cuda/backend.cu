@@ -125,6 +125,7 @@ typedef struct scratch_layout {
   size_t sym_ids, sym_w;  /* [max_tokens * k] published topk_ids, topk_weights (ep > 1) */
   size_t sym_x, sym_dy;   /* bf16 [max_tokens, H] published x, dy (ep > 1) */
   size_t chunk_counts;  /* int32 [chunks, E_local] */
+  size_t xr_tag;        /* u64 [3]: whose routed x rows xr holds (saved_open_launch) */
   /* Regions that hold two things in turn share memory (the backward's order keeps their uses
    * apart, see the header). */
   size_t xr;            /* bf16 [rows_cap, H] routed x rows; then f32 [T, H] rows_f32 */
@@ -171,6 +172,7 @@ static scratch_layout scratch_layout_of(const mok_workspace *ws, int64_t rows_ca
   L.sym_dy = mok_take(&c, pub * T * s->hidden * 2);
   L.chunk_counts =
       mok_take(&c, ranks * ((slots + SCHED_CHUNK - 1) / SCHED_CHUNK) * ws->experts_local * 4);
+  L.xr_tag = mok_take(&c, 3 * 8);
   const int64_t f32_bytes = (s->shared_inter ? T : 0) * s->hidden * 4;
   const int64_t slot_bytes = slots * s->hidden * 2, row_bytes = rows_cap * s->hidden * 2;
   L.xr = mok_take(&c, mok_max64(row_bytes, f32_bytes));
@@ -401,6 +403,12 @@ static call call_of(mok_workspace *ws, int64_t tokens, const void *saved, void *
 
 static const int32_t *status_of(const call *c) { return c->status; }
 static const ep_table *table_of(const call *c) { return AT(c->scratch, c->L->table, ep_table); }
+/* Whose routed x rows xr holds (rows.cu), where they outlive the forward: ep = 1 (a group's rows
+ * come from other ranks' inputs) without a shared expert (its fp32 rows go over them); else
+ * NULL. */
+static uint64_t *xr_tag_of(const call *c) {
+  return c->ranks == 1 && !c->Is ? AT(c->scratch, c->L->xr_tag, uint64_t) : NULL;
+}
 
 /* The group's barrier (no group: nothing); `add`: error bits of this rank. */
 static mok_status barrier_with(const call *c, int when, int32_t add) {
@@ -669,6 +677,10 @@ static cudaError_t dispatch(const call *c, const __nv_bfloat16 *src0, __nv_bfloa
   d.peers = table_of(c);
   d.src0 = src0, d.dst0 = dst0, d.src1 = src1, d.dst1 = dst1;
   d.filled = filled;
+  /* The forward moves x alone and marks it; the backward moves x and dy, x unless marked. */
+  d.xr_tag = src1 ? NULL : xr_tag_of(c);
+  d.saved_tag = d.xr_tag ? AT(c->saved, c->S.tag, uint64_t) : NULL;
+  d.x_rows = src1 && xr_tag_of(c) ? c->status + MOK_BSTATUS_X_ROWS : NULL;
   return dispatch_launch(&d, c->ranks, c->stream);
 }
 
@@ -757,7 +769,8 @@ static mok_status backward_on_device(mok_workspace *ws, const mok_backward_args 
   /* The forward's error word, copied so the barrier may add to it without touching saved, and
    * checked against this call's tokens before anything else of saved is read. */
   c.status = AT(c.scratch, c.L->bstatus, int32_t);
-  CUDA_TRY(saved_open_launch(AT(c.saved, c.S.status, int32_t), c.status, (int)c.T, c.stream),
+  CUDA_TRY(saved_open_launch(AT(c.saved, c.S.status, int32_t), c.status, (int)c.T,
+                             AT(c.saved, c.S.tag, uint64_t), xr_tag_of(&c), a->x, c.stream),
            "status");
   TRY(publish(&c, c.L->sym_x, a->x, (size_t)c.T * c.H * 2));
   TRY(publish(&c, c.L->sym_dy, a->dy, (size_t)c.T * c.H * 2));

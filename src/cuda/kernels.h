@@ -183,12 +183,22 @@ typedef struct dispatch_args {
   const __nv_bfloat16 *src0, *src1; /* src1, dst1: NULL for one tensor */
   __nv_bfloat16 *dst0, *dst1;
   int32_t *filled;                  /* or NULL */
+  /* ep = 1 without a shared expert (else NULL): the routed x rows stay in the workspace from the
+   * forward to the backward. The forward numbers itself and marks them and saved with its
+   * number; the backward skips copying x when saved_open found them to be its own. */
+  uint64_t *xr_tag;     /* forward: the workspace's [3] (see saved_open_launch) */
+  uint64_t *saved_tag;  /* forward: saved's [2] (workspace, number) */
+  const int32_t *x_rows; /* backward: the status word MOK_BSTATUS_X_ROWS */
 } dispatch_args;
 cudaError_t dispatch_launch(const dispatch_args *a, int ranks, cudaStream_t stream);
 /* The backward's error bits <- saved's, plus MOK_DEVERR_SAVED unless a forward or recompute of
  * `tokens` tokens filled saved; the barrier's word cleared. One thread; the backward's first
- * kernel. */
+ * kernel. With xr_tag (ep = 1, no shared expert; else NULL): xr_tag[0] is the number of the
+ * forward whose x rows the workspace holds (0: unknown), [1] the x they came from, [2] the
+ * forwards counted. status[MOK_BSTATUS_X_ROWS] <- 1 if they are saved's forward's and x is
+ * theirs; if not, and the call has no error, the tag is set to what the dispatch will write. */
 cudaError_t saved_open_launch(const int32_t *saved_status, int32_t *status, int tokens,
+                              const uint64_t *saved_tag, uint64_t *xr_tag, const void *x,
                               cudaStream_t stream);
 /* y[t] = bf16(((base[t] + slot[t,0]) + slot[t,1]) + ...), base fp32 or NULL (zero). */
 cudaError_t combine_launch(const int32_t *status, int T, int k, int H, const float *base,

@@ -3,7 +3,9 @@
  * the routed buffer (zeros on padding, so weight-gradient products may sum over padded rows),
  * pulling other ranks' tokens from their published x (dy); combine sums each token's
  * slot rows onto its shared-expert row in fixed j order; router_grad sums the per-chunk partials
- * of d_topk_weights in ascending chunk order. All rows move as 16-byte vectors.
+ * of d_topk_weights in ascending chunk order. All rows move as 16-byte vectors. At ep = 1
+ * without a shared expert nothing overwrites the routed x rows between a forward and its
+ * backward, and the backward copies only dy when they are still its forward's (saved_open says).
  */
 #include "cuda/kernels.h"
 #include "internal.h"
@@ -52,11 +54,23 @@ static __device__ void copy_row(const int4 *x0, const int4 *x1, size_t from, int
  * come from other ranks and each needs a warp of its own. */
 __global__ void __launch_bounds__(ROWS_THREADS) dispatch_rows(dispatch_args a, int group) {
   if (*a.status) return;
-  if (a.filled && blockIdx.x == 0 && threadIdx.x == 0) *a.filled = 1;
+  if (blockIdx.x == 0 && threadIdx.x == 0) {
+    if (a.filled) *a.filled = 1;
+    if (a.xr_tag) { /* forward: number this call, mark the x rows it writes and saved */
+      const uint64_t n = ++a.xr_tag[2];
+      a.xr_tag[0] = n;
+      a.xr_tag[1] = (uintptr_t)a.src0;
+      a.saved_tag[0] = (uintptr_t)a.xr_tag;
+      a.saved_tag[1] = n;
+    }
+  }
+  /* Backward whose x rows are in place already: dy alone, as the one tensor. */
+  const bool dy_only = a.x_rows && *a.x_rows;
   const int rows = a.offsets[a.experts_local], vecs = a.H / 8, lane = threadIdx.x % 32;
   const int items = a.T + (rows + group - 1) / group;
-  const int4 *x0 = (const int4 *)a.src0, *x1 = (const int4 *)a.src1;
-  int4 *y0 = (int4 *)a.dst0, *y1 = (int4 *)a.dst1;
+  const int4 *x0 = (const int4 *)(dy_only ? a.src1 : a.src0);
+  const int4 *x1 = dy_only ? NULL : (const int4 *)a.src1;
+  int4 *y0 = (int4 *)(dy_only ? a.dst1 : a.dst0), *y1 = dy_only ? NULL : (int4 *)a.dst1;
   __shared__ int to_s[ROWS_WARPS][32];
   int *to = to_s[threadIdx.x / 32];
   for (int w = (blockIdx.x * blockDim.x + threadIdx.x) / 32; w < items;
@@ -82,8 +96,8 @@ __global__ void __launch_bounds__(ROWS_THREADS) dispatch_rows(dispatch_args a, i
     for (unsigned m = todo; m; m &= m - 1) {
       const int l = __ffs(m) - 1;
       const int o = __shfl_sync(0xffffffffu, owner, l), sl = __shfl_sync(0xffffffffu, src, l);
-      const int4 *p0 = o < 0 ? NULL : (const int4 *)a.peers->x[o];
-      const int4 *p1 = o < 0 ? NULL : (const int4 *)a.peers->dy[o];
+      const int4 *p0 = o < 0 ? NULL : (const int4 *)(dy_only ? a.peers->dy[o] : a.peers->x[o]);
+      const int4 *p1 = o < 0 || dy_only ? NULL : (const int4 *)a.peers->dy[o];
       if (lane == 0) to[0] = r0 + l;
       __syncwarp();
       copy_row(p0, p1, o < 0 ? 0 : (size_t)(sl % a.slots_cap / a.k) * vecs, y0, y1, to, 1, vecs);
@@ -96,11 +110,20 @@ __global__ void __launch_bounds__(ROWS_THREADS) dispatch_rows(dispatch_args a, i
  * them without touching saved), with MOK_DEVERR_SAVED added where saved was not filled by a
  * forward or recompute of `tokens` tokens. Every later kernel then skips; router_grad reports
  * it. The backward reads no other word of its status but the barrier's. */
-__global__ void saved_open(const int32_t *saved_status, int32_t *status, int tokens) {
+__global__ void saved_open(const int32_t *saved_status, int32_t *status, int tokens,
+                           const uint64_t *saved_tag, uint64_t *xr_tag, const void *x) {
   int32_t bits = saved_status[MOK_STATUS_BITS];
   if (mok_saved_check(saved_status, tokens) != MOK_SAVED_OK) bits |= MOK_DEVERR_SAVED;
   status[MOK_STATUS_BITS] = bits;
   status[MOK_STATUS_OPEN] = 0;
+  int same = 0;
+  if (xr_tag && !bits) { /* with an error nothing is dispatched: the tag stays true */
+    const uint64_t n = saved_tag[0] == (uintptr_t)xr_tag ? saved_tag[1] : 0; /* 0: not ours */
+    same = n != 0 && xr_tag[0] == n && xr_tag[1] == (uintptr_t)x;
+    xr_tag[0] = n; /* what the workspace holds once this call's dispatch has run */
+    xr_tag[1] = (uintptr_t)x;
+  }
+  status[MOK_BSTATUS_X_ROWS] = same;
 }
 
 __global__ void __launch_bounds__(ROWS_THREADS)
@@ -163,8 +186,9 @@ cudaError_t dispatch_launch(const dispatch_args *a, int ranks, cudaStream_t stre
 }
 
 cudaError_t saved_open_launch(const int32_t *saved_status, int32_t *status, int tokens,
+                              const uint64_t *saved_tag, uint64_t *xr_tag, const void *x,
                               cudaStream_t stream) {
-  saved_open<<<1, 1, 0, stream>>>(saved_status, status, tokens);
+  saved_open<<<1, 1, 0, stream>>>(saved_status, status, tokens, saved_tag, xr_tag, x);
   return cudaGetLastError();
 }
 

@@ -525,6 +525,65 @@ static void recompute_matches_forward(void) {
   harness_fini(&b);
 }
 
+/* The backward's outputs poisoned, saved and the forward's y left alone. */
+static void poison_backward(const gpu_layer *d, const mok_shape *s) {
+  CUDA_CHECK(cudaMemset(d->dx, 0xff, (size_t)(d->T * s->hidden) * 2));
+  CUDA_CHECK(cudaMemset(d->dtw, 0xff, (size_t)(d->T * s->top_k) * 4));
+  for (int i = 0; i < G_COUNT; i++)
+    if (d->g[i]) CUDA_CHECK(cudaMemset(d->g[i], 0xff, (size_t)d->src->g_len[i] * 4));
+}
+
+static void forward_on(mok_workspace *ws, const gpu_layer *d) {
+  mok_forward_args f = gpu_forward_args(d);
+  CHECK_OK(mok_forward(ws, &f, 0));
+  CHECK_OK(mok_check(ws, 0));
+}
+
+static void backward_on(mok_workspace *ws, const gpu_layer *d, const mok_shape *s) {
+  poison_backward(d, s);
+  mok_backward_args b = gpu_backward_args(d, MOK_GRAD_WRITE_BF16);
+  CHECK_OK(mok_backward(ws, &b, 0));
+  CHECK_OK(mok_check(ws, 0));
+}
+
+/* At ep = 1 without a shared expert the routed x rows outlive the forward, and its backward
+ * copies only dy (rows.cu). Calls A and B (other inputs, weights and saved) on one workspace:
+ * a backward right after its forward, against one after the other call's forward (x copied
+ * again), then B's backward after that (its rows were replaced), twice (kept again): the same
+ * bits each time. */
+static void x_rows_kept(void) {
+  mok_shape s = shape_of(300, 128, 192, 0, 8, 2);
+  harness ha, hb, ra, rb, got;
+  if (harness_init(&ha, &s, 300, 21, 0) && harness_init(&hb, &s, 300, 22, 0) &&
+      harness_init(&ra, &s, 300, 21, 0) && harness_init(&rb, &s, 300, 22, 0) &&
+      harness_init(&got, &s, 300, 21, 0)) {
+    gpu_layer a, b; /* b's buffers only: every call runs on a's workspace */
+    memset(&b, 0, sizeof b);
+    if (gpu_init(&a, &ha, 300, NULL) && gpu_init(&b, &hb, 300, NULL)) {
+      forward_on(a.ws, &a), backward_on(a.ws, &a, &s);
+      gpu_fetch(&a, &ra);
+      forward_on(a.ws, &b), backward_on(a.ws, &b, &s);
+      gpu_fetch(&b, &rb);
+      forward_on(a.ws, &a), forward_on(a.ws, &b), backward_on(a.ws, &a, &s);
+      gpu_fetch(&a, &got);
+      same_layer_bits("A's backward after B's forward", &got, &ra, G_COUNT);
+      for (int i = 0; i < 2; i++) {
+        backward_on(a.ws, &b, &s);
+        gpu_fetch(&b, &got);
+        same_layer_bits(i ? "B's backward again" : "B's backward after A's", &got, &rb,
+                        G_COUNT);
+      }
+    }
+    gpu_fini(&a);
+    gpu_fini(&b);
+  }
+  harness_fini(&ha);
+  harness_fini(&hb);
+  harness_fini(&ra);
+  harness_fini(&rb);
+  harness_fini(&got);
+}
+
 /* Forward + backward captured in a CUDA graph (global capture mode, as PyTorch does) and
  * replayed twice give the eager bits. */
 static void graph_replay(void) {
@@ -627,6 +686,7 @@ const test_case tests_gpu_layer[] = {
     {"gpu/saved_of_another_call_untouched", saved_of_another_call},
     {"gpu/host_pointer_refused", host_pointer_refused},
     {"gpu/recompute_matches_forward", recompute_matches_forward},
+    {"gpu/x_rows_kept_for_their_backward", x_rows_kept},
     {"gpu/graph_capture_replay", graph_replay},
     {"gpu/kernels_per_call", kernels_per_call},
     {NULL, NULL},
