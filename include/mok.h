@@ -190,7 +190,8 @@ typedef struct mok_backward_args {
                                 * outputs untouched and fails with MOK_ERR_INVALID_ARG (CPU:
                                 * returned; CUDA: from mok_check, after the error of a forward
                                 * that failed, if it did) */
-  const void *x;               /* [T, H] bf16, the forward's input */
+  const void *x;               /* [T, H] bf16, the forward's input, unchanged since (the CUDA
+                                * backend may reuse the rows it copied from it then) */
   const int32_t *topk_ids;     /* [T, k], the forward's */
   const float *topk_weights;   /* [T, k], the forward's */
   mok_weights w;

@@ -215,6 +215,12 @@ static mok_status cuda_workspace_init(mok_workspace *ws) {
   if (in_nccl_group(ws)) st = mok_nccl_mem_alloc((void **)&cw->mem, cw->L.bytes);
   else e = cudaMalloc((void **)&cw->mem, cw->L.bytes);
   if (st == MOK_OK && e == cudaSuccess) e = cudaMemset(cw->mem, 0, cw->L.bytes);
+  /* Forward numbers (rows.cu) count from a base of this workspace's own: a saved of a workspace
+   * since destroyed never names a later one at the same address. */
+  static uint64_t workspaces_made;
+  const uint64_t base = __atomic_add_fetch(&workspaces_made, 1, __ATOMIC_RELAXED) << 32;
+  if (st == MOK_OK && e == cudaSuccess)
+    e = cudaMemcpy(cw->mem + cw->L.xr_tag + 16, &base, sizeof base, cudaMemcpyHostToDevice);
   device_leave(ws->ctx, &g);
   ws->backend = cw;
   ws->bytes = cw->L.bytes;
@@ -678,9 +684,9 @@ static cudaError_t dispatch(const call *c, const __nv_bfloat16 *src0, __nv_bfloa
   d.src0 = src0, d.dst0 = dst0, d.src1 = src1, d.dst1 = dst1;
   d.filled = filled;
   /* The forward moves x alone and marks it; the backward moves x and dy, x unless marked. */
-  d.xr_tag = src1 ? NULL : xr_tag_of(c);
+  d.xr_tag = xr_tag_of(c);
   d.saved_tag = d.xr_tag ? AT(c->saved, c->S.tag, uint64_t) : NULL;
-  d.x_rows = src1 && xr_tag_of(c) ? c->status + MOK_BSTATUS_X_ROWS : NULL;
+  d.x_rows = src1 && d.xr_tag ? c->status + MOK_BSTATUS_X_ROWS : NULL;
   return dispatch_launch(&d, c->ranks, c->stream);
 }
 

@@ -185,18 +185,19 @@ typedef struct dispatch_args {
   int32_t *filled;                  /* or NULL */
   /* ep = 1 without a shared expert (else NULL): the routed x rows stay in the workspace from the
    * forward to the backward. The forward numbers itself and marks them and saved with its
-   * number; the backward skips copying x when saved_open found them to be its own. */
-  uint64_t *xr_tag;     /* forward: the workspace's [3] (see saved_open_launch) */
-  uint64_t *saved_tag;  /* forward: saved's [2] (workspace, number) */
-  const int32_t *x_rows; /* backward: the status word MOK_BSTATUS_X_ROWS */
+   * number; the backward skips copying x when saved_open found them to be its own, and marks
+   * them as saved's forward's when it copies them. */
+  uint64_t *xr_tag;      /* the workspace's [3] (see saved_open_launch) */
+  uint64_t *saved_tag;   /* saved's [2]: the workspace (xr_tag's address), the forward's number */
+  const int32_t *x_rows; /* backward: the status word MOK_BSTATUS_X_ROWS; forward: NULL */
 } dispatch_args;
 cudaError_t dispatch_launch(const dispatch_args *a, int ranks, cudaStream_t stream);
 /* The backward's error bits <- saved's, plus MOK_DEVERR_SAVED unless a forward or recompute of
  * `tokens` tokens filled saved; the barrier's word cleared. One thread; the backward's first
  * kernel. With xr_tag (ep = 1, no shared expert; else NULL): xr_tag[0] is the number of the
- * forward whose x rows the workspace holds (0: unknown), [1] the x they came from, [2] the
- * forwards counted. status[MOK_BSTATUS_X_ROWS] <- 1 if they are saved's forward's and x is
- * theirs; if not, and the call has no error, the tag is set to what the dispatch will write. */
+ * forward whose x rows the workspace holds (0: unknown), [1] the x they came from, [2] the last
+ * number given (counting from a base of its own per workspace, so no two forwards of a process
+ * share one). status[MOK_BSTATUS_X_ROWS] <- 1 if they are saved's forward's and x is theirs. */
 cudaError_t saved_open_launch(const int32_t *saved_status, int32_t *status, int tokens,
                               const uint64_t *saved_tag, uint64_t *xr_tag, const void *x,
                               cudaStream_t stream);

@@ -54,18 +54,22 @@ static __device__ void copy_row(const int4 *x0, const int4 *x1, size_t from, int
  * come from other ranks and each needs a warp of its own. */
 __global__ void __launch_bounds__(ROWS_THREADS) dispatch_rows(dispatch_args a, int group) {
   if (*a.status) return;
+  /* Backward whose x rows are in place already (saved_open): dy alone, as the one tensor. */
+  const bool dy_only = a.x_rows && *a.x_rows;
   if (blockIdx.x == 0 && threadIdx.x == 0) {
     if (a.filled) *a.filled = 1;
-    if (a.xr_tag) { /* forward: number this call, mark the x rows it writes and saved */
+    /* What xr holds once this kernel is done, said by the one thread that reads the tags here. */
+    if (a.xr_tag && !a.x_rows) { /* forward: number this call, mark its x rows and saved */
       const uint64_t n = ++a.xr_tag[2];
       a.xr_tag[0] = n;
       a.xr_tag[1] = (uintptr_t)a.src0;
       a.saved_tag[0] = (uintptr_t)a.xr_tag;
       a.saved_tag[1] = n;
+    } else if (a.xr_tag && !dy_only) { /* backward copying x: saved's forward's rows now */
+      a.xr_tag[0] = a.saved_tag[0] == (uintptr_t)a.xr_tag ? a.saved_tag[1] : 0;
+      a.xr_tag[1] = (uintptr_t)a.src0;
     }
   }
-  /* Backward whose x rows are in place already: dy alone, as the one tensor. */
-  const bool dy_only = a.x_rows && *a.x_rows;
   const int rows = a.offsets[a.experts_local], vecs = a.H / 8, lane = threadIdx.x % 32;
   const int items = a.T + (rows + group - 1) / group;
   const int4 *x0 = (const int4 *)(dy_only ? a.src1 : a.src0);
@@ -116,14 +120,8 @@ __global__ void saved_open(const int32_t *saved_status, int32_t *status, int tok
   if (mok_saved_check(saved_status, tokens) != MOK_SAVED_OK) bits |= MOK_DEVERR_SAVED;
   status[MOK_STATUS_BITS] = bits;
   status[MOK_STATUS_OPEN] = 0;
-  int same = 0;
-  if (xr_tag && !bits) { /* with an error nothing is dispatched: the tag stays true */
-    const uint64_t n = saved_tag[0] == (uintptr_t)xr_tag ? saved_tag[1] : 0; /* 0: not ours */
-    same = n != 0 && xr_tag[0] == n && xr_tag[1] == (uintptr_t)x;
-    xr_tag[0] = n; /* what the workspace holds once this call's dispatch has run */
-    xr_tag[1] = (uintptr_t)x;
-  }
-  status[MOK_BSTATUS_X_ROWS] = same;
+  status[MOK_BSTATUS_X_ROWS] = xr_tag && saved_tag[0] == (uintptr_t)xr_tag && saved_tag[1] != 0 &&
+                                xr_tag[0] == saved_tag[1] && xr_tag[1] == (uintptr_t)x;
 }
 
 __global__ void __launch_bounds__(ROWS_THREADS)

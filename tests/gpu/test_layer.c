@@ -549,8 +549,9 @@ static void backward_on(mok_workspace *ws, const gpu_layer *d, const mok_shape *
 /* At ep = 1 without a shared expert the routed x rows outlive the forward, and its backward
  * copies only dy (rows.cu). Calls A and B (other inputs, weights and saved) on one workspace:
  * a backward right after its forward, against one after the other call's forward (x copied
- * again), then B's backward after that (its rows were replaced), twice (kept again): the same
- * bits each time. */
+ * again), then B's backward after that (its rows were replaced), twice (kept again); A's after
+ * a forward of A's x with B's routing into B's saved (same x, another forward: copied); A's
+ * with a saved that A's forward filled on another workspace. The same bits each time. */
 static void x_rows_kept(void) {
   mok_shape s = shape_of(300, 128, 192, 0, 8, 2);
   harness ha, hb, ra, rb, got;
@@ -573,6 +574,18 @@ static void x_rows_kept(void) {
         same_layer_bits(i ? "B's backward again" : "B's backward after A's", &got, &rb,
                         G_COUNT);
       }
+      forward_on(a.ws, &a);
+      mok_forward_args f = gpu_forward_args(&b);
+      f.x = a.x; /* A's x, B's routing, weights and saved */
+      CHECK_OK(mok_forward(a.ws, &f, 0));
+      CHECK_OK(mok_check(a.ws, 0));
+      backward_on(a.ws, &a, &s);
+      gpu_fetch(&a, &got);
+      same_layer_bits("A's backward after a forward of A's x", &got, &ra, G_COUNT);
+      forward_on(b.ws, &a); /* A's saved filled on b's workspace */
+      backward_on(a.ws, &a, &s);
+      gpu_fetch(&a, &got);
+      same_layer_bits("A's backward, its saved from another workspace", &got, &ra, G_COUNT);
     }
     gpu_fini(&a);
     gpu_fini(&b);
