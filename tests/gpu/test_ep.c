@@ -16,6 +16,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "check.h"
 #include "device.h"
@@ -29,6 +30,7 @@ typedef struct grank {
   void *shared_g[3];       /* this rank's shared-expert gradients */
   int absent;              /* never calls */
   mok_status fwd, bwd, chk;
+  double t[4];             /* host clock at the thread's start and as each call returned */
   cudaGraphExec_t graph;   /* forward + backward captured on this rank's stream */
 } grank;
 
@@ -108,12 +110,24 @@ static void gsetup_fini(gsetup *s) {
   mok_ep_group_destroy(s->group);
 }
 
-/* A rank's thread: forward and backward on its stream, then mok_check (which waits). */
+static double now_s(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* A rank's thread: forward and backward on its stream, then mok_check (which waits). The host
+ * times say, when a group times out, whether a rank's thread was late to its calls or blocked
+ * in one (forward and backward only enqueue). */
 static void *step_main(void *p) {
   grank *u = p;
+  u->t[0] = now_s();
   u->fwd = mok_forward(u->ws, &u->f, u->stream);
+  u->t[1] = now_s();
   u->bwd = mok_backward(u->ws, &u->b, u->stream);
+  u->t[2] = now_s();
   u->chk = mok_check(u->ws, u->stream);
+  u->t[3] = now_s();
   return NULL;
 }
 
@@ -193,12 +207,17 @@ static void d4_and_reference(void) {
       gsetup s;
       gpu_poison(&d, 0xff);
       if (gsetup_init(&s, &d, eps[i], 0, 0)) {
+        const double t0 = now_s();
         run_ranks(&s);
-        for (int r = 0; r < eps[i]; r++)
-          CHECK(s.r[r].fwd == MOK_OK && s.r[r].bwd == MOK_OK && s.r[r].chk == MOK_OK,
-                "ep %d rank %d: forward %s, backward %s, check %s", eps[i], r,
-                mok_status_name(s.r[r].fwd), mok_status_name(s.r[r].bwd),
-                mok_status_name(s.r[r].chk));
+        for (int r = 0; r < eps[i]; r++) {
+          const grank *u = &s.r[r];
+          CHECK(u->fwd == MOK_OK && u->bwd == MOK_OK && u->chk == MOK_OK,
+                "ep %d rank %d: forward %s, backward %s, check %s (host, s after the threads' "
+                "start: began %.4f, forward returned %.4f, backward %.4f, check %.4f)",
+                eps[i], r, mok_status_name(u->fwd), mok_status_name(u->bwd),
+                mok_status_name(u->chk), u->t[0] - t0, u->t[1] - t0, u->t[2] - t0,
+                u->t[3] - t0);
+        }
         check_slot_row(&s, &ep_shape);
         gpu_fetch(&d, &got);
         char tag[32];
