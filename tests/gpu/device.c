@@ -113,6 +113,9 @@ void gpu_poison(gpu_layer *d, unsigned char pattern) {
   CUDA_CHECK(cudaMemset(d->saved, pattern, d->saved_bytes));
   for (int i = 0; i < G_COUNT; i++)
     if (d->g[i]) CUDA_CHECK(cudaMemset(d->g[i], pattern, (size_t)d->src->g_len[i] * 4));
+  /* Done before the caller's next work: a non-blocking stream does not wait for the legacy
+   * stream these memsets ran on. */
+  CUDA_CHECK(cudaDeviceSynchronize());
 }
 
 void gpu_set_grads(gpu_layer *d, const harness *h) {

@@ -94,6 +94,9 @@ static int gsetup_init(gsetup *s, gpu_layer *d, int ep, int64_t routed_rows, int
       u->b.g.dws_down = u->shared_g[2];
     }
   }
+  /* The poison and saved's fill ran on the legacy stream, which the ranks' non-blocking streams
+   * do not wait for. */
+  CUDA_CHECK(cudaDeviceSynchronize());
   return 1;
 }
 
