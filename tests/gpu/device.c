@@ -105,17 +105,21 @@ mok_backward_args gpu_backward_args(const gpu_layer *d, mok_grad_mode mode) {
   return a;
 }
 
-void gpu_poison(gpu_layer *d, unsigned char pattern) {
+/* Both end with the memsets done before the caller's next work: a non-blocking stream does not
+ * wait for the legacy stream they ran on. */
+void gpu_poison_backward(gpu_layer *d, unsigned char pattern) {
   const int64_t H = d->src->L.shape.hidden, k = d->src->L.shape.top_k;
-  CUDA_CHECK(cudaMemset(d->y, pattern, (size_t)(d->T * H) * 2));
   CUDA_CHECK(cudaMemset(d->dx, pattern, (size_t)(d->T * H) * 2));
   CUDA_CHECK(cudaMemset(d->dtw, pattern, (size_t)(d->T * k) * 4));
-  CUDA_CHECK(cudaMemset(d->saved, pattern, d->saved_bytes));
   for (int i = 0; i < G_COUNT; i++)
     if (d->g[i]) CUDA_CHECK(cudaMemset(d->g[i], pattern, (size_t)d->src->g_len[i] * 4));
-  /* Done before the caller's next work: a non-blocking stream does not wait for the legacy
-   * stream these memsets ran on. */
   CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+void gpu_poison(gpu_layer *d, unsigned char pattern) {
+  CUDA_CHECK(cudaMemset(d->y, pattern, (size_t)(d->T * d->src->L.shape.hidden) * 2));
+  CUDA_CHECK(cudaMemset(d->saved, pattern, d->saved_bytes));
+  gpu_poison_backward(d, pattern);
 }
 
 void gpu_set_grads(gpu_layer *d, const harness *h) {

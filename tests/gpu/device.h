@@ -32,6 +32,8 @@ mok_forward_args gpu_forward_args(const gpu_layer *d);
 mok_backward_args gpu_backward_args(const gpu_layer *d, mok_grad_mode mode);
 /* Every output filled with the byte `pattern` (0xff makes bf16 and fp32 NaNs). */
 void gpu_poison(gpu_layer *d, unsigned char pattern);
+/* The backward's outputs only (dx, d_topk_weights, gradients): saved and y stay. */
+void gpu_poison_backward(gpu_layer *d, unsigned char pattern);
 /* fp32 gradients set to the values in h (for MOK_GRAD_ACCUMULATE_F32 runs). */
 void gpu_set_grads(gpu_layer *d, const harness *h);
 /* Forward then backward on `stream`; first failing status. */

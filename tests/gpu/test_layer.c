@@ -525,22 +525,14 @@ static void recompute_matches_forward(void) {
   harness_fini(&b);
 }
 
-/* The backward's outputs poisoned, saved and the forward's y left alone. */
-static void poison_backward(const gpu_layer *d, const mok_shape *s) {
-  CUDA_CHECK(cudaMemset(d->dx, 0xff, (size_t)(d->T * s->hidden) * 2));
-  CUDA_CHECK(cudaMemset(d->dtw, 0xff, (size_t)(d->T * s->top_k) * 4));
-  for (int i = 0; i < G_COUNT; i++)
-    if (d->g[i]) CUDA_CHECK(cudaMemset(d->g[i], 0xff, (size_t)d->src->g_len[i] * 4));
-}
-
 static void forward_on(mok_workspace *ws, const gpu_layer *d) {
   mok_forward_args f = gpu_forward_args(d);
   CHECK_OK(mok_forward(ws, &f, 0));
   CHECK_OK(mok_check(ws, 0));
 }
 
-static void backward_on(mok_workspace *ws, const gpu_layer *d, const mok_shape *s) {
-  poison_backward(d, s);
+static void backward_on(mok_workspace *ws, gpu_layer *d) {
+  gpu_poison_backward(d, 0xff);
   mok_backward_args b = gpu_backward_args(d, MOK_GRAD_WRITE_BF16);
   CHECK_OK(mok_backward(ws, &b, 0));
   CHECK_OK(mok_check(ws, 0));
@@ -561,15 +553,15 @@ static void x_rows_kept(void) {
     gpu_layer a, b; /* b's buffers only: every call runs on a's workspace */
     memset(&b, 0, sizeof b);
     if (gpu_init(&a, &ha, 300, NULL) && gpu_init(&b, &hb, 300, NULL)) {
-      forward_on(a.ws, &a), backward_on(a.ws, &a, &s);
+      forward_on(a.ws, &a), backward_on(a.ws, &a);
       gpu_fetch(&a, &ra);
-      forward_on(a.ws, &b), backward_on(a.ws, &b, &s);
+      forward_on(a.ws, &b), backward_on(a.ws, &b);
       gpu_fetch(&b, &rb);
-      forward_on(a.ws, &a), forward_on(a.ws, &b), backward_on(a.ws, &a, &s);
+      forward_on(a.ws, &a), forward_on(a.ws, &b), backward_on(a.ws, &a);
       gpu_fetch(&a, &got);
       same_layer_bits("A's backward after B's forward", &got, &ra, G_COUNT);
       for (int i = 0; i < 2; i++) {
-        backward_on(a.ws, &b, &s);
+        backward_on(a.ws, &b);
         gpu_fetch(&b, &got);
         same_layer_bits(i ? "B's backward again" : "B's backward after A's", &got, &rb,
                         G_COUNT);
@@ -579,11 +571,11 @@ static void x_rows_kept(void) {
       f.x = a.x; /* A's x, B's routing, weights and saved */
       CHECK_OK(mok_forward(a.ws, &f, 0));
       CHECK_OK(mok_check(a.ws, 0));
-      backward_on(a.ws, &a, &s);
+      backward_on(a.ws, &a);
       gpu_fetch(&a, &got);
       same_layer_bits("A's backward after a forward of A's x", &got, &ra, G_COUNT);
       forward_on(b.ws, &a); /* A's saved filled on b's workspace */
-      backward_on(a.ws, &a, &s);
+      backward_on(a.ws, &a);
       gpu_fetch(&a, &got);
       same_layer_bits("A's backward, its saved from another workspace", &got, &ra, G_COUNT);
     }
