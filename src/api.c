@@ -277,6 +277,23 @@ static mok_status refuse_with_peers(mok_workspace *ws, mok_status st, void *stre
   return mok_fail(st, "%s", msg);
 }
 
+/* Emulated ranks on the CUDA backend (device barriers, one GPU) enqueue each call in rank order
+ * (mok_group_turn_take says why): the turn is taken before the call's checks, since a refused
+ * call still meets its peers at a device barrier, and given once the call is enqueued. */
+static mok_ep_group *turns_of(const mok_workspace *ws) {
+  mok_ep_group *g = ws ? ws->ctx->cfg.group : NULL;
+  return g && !g->nccl && ws->ctx->ops->refuse ? g : NULL;
+}
+
+static void turn_take(const mok_workspace *ws) {
+  if (turns_of(ws)) mok_group_turn_take(turns_of(ws), ws->ctx->cfg.ep_rank);
+}
+
+static mok_status turn_give(const mok_workspace *ws, mok_status st) {
+  if (turns_of(ws)) mok_group_turn_give(turns_of(ws), ws->ctx->cfg.ep_rank);
+  return st;
+}
+
 static mok_status check_schedule(const mok_workspace *ws, const mok_forward_args *a) {
   TRY(check_call(ws, a, "mok_forward_args"));
   TRY(check_tokens(ws, a->tokens));
@@ -286,18 +303,21 @@ static mok_status check_schedule(const mok_workspace *ws, const mok_forward_args
 }
 
 mok_status mok_schedule(mok_workspace *ws, const mok_forward_args *a, void *stream) {
-  TRY(refuse_with_peers(ws, check_schedule(ws, a), stream));
-  return ws->ctx->ops->schedule(ws, a, stream);
+  turn_take(ws);
+  mok_status st = refuse_with_peers(ws, check_schedule(ws, a), stream);
+  return turn_give(ws, st == MOK_OK ? ws->ctx->ops->schedule(ws, a, stream) : st);
 }
 
 mok_status mok_forward(mok_workspace *ws, const mok_forward_args *a, void *stream) {
-  TRY(refuse_with_peers(ws, check_forward(ws, a, 1), stream));
-  return ws->ctx->ops->forward(ws, a, 1, stream);
+  turn_take(ws);
+  mok_status st = refuse_with_peers(ws, check_forward(ws, a, 1), stream);
+  return turn_give(ws, st == MOK_OK ? ws->ctx->ops->forward(ws, a, 1, stream) : st);
 }
 
 mok_status mok_recompute(mok_workspace *ws, const mok_forward_args *a, void *stream) {
-  TRY(refuse_with_peers(ws, check_forward(ws, a, 0), stream));
-  return ws->ctx->ops->forward(ws, a, 0, stream);
+  turn_take(ws);
+  mok_status st = refuse_with_peers(ws, check_forward(ws, a, 0), stream);
+  return turn_give(ws, st == MOK_OK ? ws->ctx->ops->forward(ws, a, 0, stream) : st);
 }
 
 static mok_status check_backward(const mok_workspace *ws, const mok_backward_args *a) {
@@ -320,8 +340,9 @@ static mok_status check_backward(const mok_workspace *ws, const mok_backward_arg
 }
 
 mok_status mok_backward(mok_workspace *ws, const mok_backward_args *a, void *stream) {
-  TRY(refuse_with_peers(ws, check_backward(ws, a), stream));
-  return ws->ctx->ops->backward(ws, a, stream);
+  turn_take(ws);
+  mok_status st = refuse_with_peers(ws, check_backward(ws, a), stream);
+  return turn_give(ws, st == MOK_OK ? ws->ctx->ops->backward(ws, a, stream) : st);
 }
 
 mok_status mok_check(mok_workspace *ws, void *stream) {

@@ -18,6 +18,9 @@ typedef struct group_sync {
   unsigned long gen;  /* barriers completed */
   int32_t bits;       /* OR of the error bits of the ranks arrived so far */
   int32_t result;     /* the OR of the last completed barrier */
+  unsigned long turn; /* the call whose turn it is (mok_group_turn_take): n * size + rank */
+  unsigned long calls[MOK_EP_MAX]; /* calls each rank has taken its turn for */
+  int unordered;      /* a turn was not given in time: nobody waits for turns again */
 } group_sync;
 
 mok_status mok_ep_group_create_emulated(int ranks, int timeout_ms, mok_ep_group **out) {
@@ -137,15 +140,44 @@ void mok_group_leave(mok_ep_group *g, int rank, mok_workspace *ws) {
   pthread_mutex_unlock(&y->mu);
 }
 
-mok_status mok_group_barrier(mok_ep_group *g, int32_t *bits) {
-  if (!g) return MOK_OK;
-  group_sync *y = g->sync;
+/* The group's timeout from now, on the clock of its condition variable. */
+static struct timespec deadline(const mok_ep_group *g) {
   struct timespec until;
   clock_gettime(CLOCK_MONOTONIC, &until);
   until.tv_sec += g->timeout_ms / 1000;
   until.tv_nsec += (long)(g->timeout_ms % 1000) * 1000000L;
   if (until.tv_nsec >= 1000000000L) until.tv_sec++, until.tv_nsec -= 1000000000L;
+  return until;
+}
 
+void mok_group_turn_take(mok_ep_group *g, int rank) {
+  group_sync *y = g->sync;
+  const struct timespec until = deadline(g);
+  pthread_mutex_lock(&y->mu);
+  const unsigned long mine = y->calls[rank] * (unsigned long)g->size + (unsigned long)rank;
+  while (y->turn != mine && !y->unordered && !g->broken)
+    if (pthread_cond_timedwait(&y->cv, &y->mu, &until) == ETIMEDOUT && y->turn != mine) {
+      y->unordered = 1; /* a rank that never calls: its peers' barriers will time out */
+      pthread_cond_broadcast(&y->cv);
+    }
+  pthread_mutex_unlock(&y->mu);
+}
+
+void mok_group_turn_give(mok_ep_group *g, int rank) {
+  group_sync *y = g->sync;
+  pthread_mutex_lock(&y->mu);
+  const unsigned long mine = y->calls[rank]++ * (unsigned long)g->size + (unsigned long)rank;
+  if (y->turn == mine) {
+    y->turn = mine + 1;
+    pthread_cond_broadcast(&y->cv);
+  }
+  pthread_mutex_unlock(&y->mu);
+}
+
+mok_status mok_group_barrier(mok_ep_group *g, int32_t *bits) {
+  if (!g) return MOK_OK;
+  group_sync *y = g->sync;
+  const struct timespec until = deadline(g);
   pthread_mutex_lock(&y->mu);
   int timed_out = g->broken;
   if (!timed_out) {

@@ -133,6 +133,13 @@ void mok_group_leave(mok_ep_group *g, int rank, struct mok_workspace *ws);
 /* A barrier of the group timed out: api.c refuses later calls before they publish anything (a
  * peer that is late, not gone, may still be reading). */
 int mok_group_broken(const mok_ep_group *g);
+/* Emulated ranks on the CUDA backend enqueue their calls in rank order: rank r's n-th call
+ * takes its turn once rank r - 1's n-th (rank R - 1's (n-1)-th for rank 0) has given it, that is,
+ * has been enqueued. Called at once, the ranks' threads sometimes left one rank's work held back
+ * on the GPU until its peers' barriers timed out (DESIGN §2.3); in this order, never. A turn not
+ * given within the group's timeout is taken anyway, and from then on nobody waits for turns. */
+void mok_group_turn_take(mok_ep_group *g, int rank);
+void mok_group_turn_give(mok_ep_group *g, int rank);
 /* Marks the group failed (a device barrier timed out; seen at mok_check). */
 void mok_group_break(mok_ep_group *g);
 /* 1 and every rank's workspace in out[0..size) if each rank has one, else 0. */

@@ -9,6 +9,8 @@
  *   A rank that never arrives: the others fail with MOK_ERR_TIMEOUT, outputs untouched, and the
  *   group stays failed. A bad expert id on one rank, or one rank over its capacity, fails every
  *   rank with that error and leaves every output untouched.
+ *   Turns (how emulated ranks on the CUDA backend enqueue): threads arriving in any order take
+ *   them in rank order; a rank that never comes holds its successor back for the timeout only.
  */
 #include <pthread.h>
 #include <stdlib.h>
@@ -17,6 +19,7 @@
 
 #include "check.h"
 #include "harness.h"
+#include "internal.h"
 
 #define POISON 0x5a
 
@@ -281,6 +284,72 @@ static void absent_rank_times_out(void) {
   mok_host_layer_destroy(&L);
 }
 
+/* Turns: each of 4 ranks' threads takes 3 turns, sleeping a pseudo-random while before each and
+ * while holding it (up to 2 ms, so that without turns they would interleave at random), and
+ * writes its rank into the next place of `order` while it holds the turn. */
+typedef struct turn_run {
+  mok_ep_group *g;
+  int rank;
+  unsigned seed;
+  int *order;
+  int *next;
+  pthread_mutex_t *mu;
+} turn_run;
+
+static void nap(unsigned *seed) {
+  *seed = *seed * 1103515245u + 12345u;
+  const struct timespec t = {0, (long)((*seed >> 8) % 2000u) * 1000L};
+  nanosleep(&t, NULL);
+}
+
+static void *turn_main(void *p) {
+  turn_run *u = p;
+  for (int call = 0; call < 3; call++) {
+    nap(&u->seed);
+    mok_group_turn_take(u->g, u->rank);
+    pthread_mutex_lock(u->mu);
+    u->order[(*u->next)++] = u->rank;
+    pthread_mutex_unlock(u->mu);
+    nap(&u->seed);
+    mok_group_turn_give(u->g, u->rank);
+  }
+  return NULL;
+}
+
+static void turns_in_rank_order(void) {
+  mok_ep_group *g = NULL;
+  CHECK_OK(mok_group_alloc(4, 200, &g));
+  if (!g) return;
+  int order[12], next = 0;
+  pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+  turn_run u[4];
+  pthread_t th[4];
+  for (int r = 3; r >= 0; r--) { /* started last rank first */
+    u[r] = (turn_run){g, r, 7u + 31u * (unsigned)r, order, &next, &mu};
+    pthread_create(&th[r], NULL, turn_main, &u[r]);
+  }
+  for (int r = 0; r < 4; r++) pthread_join(th[r], NULL);
+  CHECK(next == 12, "%d turns taken, expected 12", next);
+  for (int i = 0; i < next; i++)
+    CHECK(order[i] == i % 4, "turn %d went to rank %d, expected rank %d", i, order[i], i % 4);
+  mok_ep_group_destroy(g);
+
+  /* Rank 0 never comes: rank 1 waits out the timeout once, then nobody waits for turns. */
+  CHECK_OK(mok_group_alloc(2, 200, &g));
+  if (!g) return;
+  double t0 = now_s();
+  mok_group_turn_take(g, 1);
+  const double first = now_s() - t0;
+  mok_group_turn_give(g, 1);
+  t0 = now_s();
+  mok_group_turn_take(g, 1);
+  const double second = now_s() - t0;
+  mok_group_turn_give(g, 1);
+  CHECK(first > 0.15 && first < 5.0, "the first turn waited %.3f s; expected about 0.2 s", first);
+  CHECK(second < 0.1, "a turn after the timeout still waited %.3f s", second);
+  mok_ep_group_destroy(g);
+}
+
 /* `want` was every rank's status and is what mok_check reports, and every rank's outputs still
  * hold the poison. */
 static void all_failed_untouched(const ep_setup *s, mok_status want, const char *what) {
@@ -451,6 +520,7 @@ const test_case tests_ep[] = {
     {"ep/D4_bits_across_ep_1_2_4_8", d4_across_ep},
     {"ep/D4_uneven_tokens_repeated", d4_uneven_repeated},
     {"ep/absent_rank_times_out", absent_rank_times_out},
+    {"ep/turns_in_rank_order", turns_in_rank_order},
     {"ep/bad_id_on_one_rank_stops_all", bad_id_on_one_rank},
     {"ep/capacity_overflow_stops_all", capacity_overflow},
     {"ep/refused_arguments_on_one_rank", refused_arguments_on_one_rank},
