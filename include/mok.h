@@ -83,9 +83,11 @@ const char *mok_last_error(void);
  * serve as each other's peer memory. A rank that has not reached a call's barrier after
  * `timeout_ms` (0 = 10 000) makes every rank waiting there fail with MOK_ERR_TIMEOUT, and the
  * group stays failed. CPU and CUDA backends (CUDA: the ranks share one GPU, each on its own
- * stream, and their calls are enqueued in rank order: rank r's n-th call waits until rank r - 1
- * has enqueued its n-th, so a thread calling for several ranks must go rank by rank, call by
- * call); 1 <= ranks <= MOK_EP_MAX. */
+ * stream, and their calls are enqueued in rank order: mok_forward, mok_recompute, mok_backward
+ * and mok_schedule, refused ones included, count as rank r's n-th call, which waits until rank
+ * r - 1 has enqueued its n-th (rank 0: rank R - 1 its (n-1)-th). So a thread calling for several
+ * ranks must go rank by rank, call by call; and CUDA graphs captured from these calls should be
+ * launched in rank order too, which mok cannot do for the caller); 1 <= ranks <= MOK_EP_MAX. */
 #define MOK_EP_MAX 64
 mok_status mok_ep_group_create_emulated(int ranks, int timeout_ms, mok_ep_group **out);
 

@@ -20,7 +20,6 @@ typedef struct group_sync {
   int32_t result;     /* the OR of the last completed barrier */
   unsigned long turn; /* the call whose turn it is (mok_group_turn_take): n * size + rank */
   unsigned long calls[MOK_EP_MAX]; /* calls each rank has taken its turn for */
-  int unordered;      /* a turn was not given in time: nobody waits for turns again */
 } group_sync;
 
 mok_status mok_ep_group_create_emulated(int ranks, int timeout_ms, mok_ep_group **out) {
@@ -108,6 +107,7 @@ void mok_group_break(mok_ep_group *g) {
   group_sync *y = g->sync;
   pthread_mutex_lock(&y->mu);
   g->broken = 1;
+  pthread_cond_broadcast(&y->cv); /* nobody waits for a turn in a failed group */
   pthread_mutex_unlock(&y->mu);
 }
 
@@ -155,9 +155,10 @@ void mok_group_turn_take(mok_ep_group *g, int rank) {
   const struct timespec until = deadline(g);
   pthread_mutex_lock(&y->mu);
   const unsigned long mine = y->calls[rank] * (unsigned long)g->size + (unsigned long)rank;
-  while (y->turn != mine && !y->unordered && !g->broken)
-    if (pthread_cond_timedwait(&y->cv, &y->mu, &until) == ETIMEDOUT && y->turn != mine) {
-      y->unordered = 1; /* a rank that never calls: its peers' barriers will time out */
+  /* A call whose turn has passed (it was skipped) goes at once. */
+  while (y->turn < mine && !g->broken)
+    if (pthread_cond_timedwait(&y->cv, &y->mu, &until) == ETIMEDOUT && y->turn < mine) {
+      y->turn = mine; /* skip the calls that did not come: the barriers tell if they never do */
       pthread_cond_broadcast(&y->cv);
     }
   pthread_mutex_unlock(&y->mu);

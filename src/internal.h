@@ -137,7 +137,8 @@ int mok_group_broken(const mok_ep_group *g);
  * takes its turn once rank r - 1's n-th (rank R - 1's (n-1)-th for rank 0) has given it, that is,
  * has been enqueued. Called at once, the ranks' threads sometimes left one rank's work held back
  * on the GPU until its peers' barriers timed out (DESIGN §2.3); in this order, never. A turn not
- * given within the group's timeout is taken anyway, and from then on nobody waits for turns. */
+ * given within the group's timeout is taken anyway (the calls before it are skipped: a late one
+ * then goes at once); a failed group waits for no turn. */
 void mok_group_turn_take(mok_ep_group *g, int rank);
 void mok_group_turn_give(mok_ep_group *g, int rank);
 /* Marks the group failed (a device barrier timed out; seen at mok_check). */

@@ -10,7 +10,8 @@
  *   group stays failed. A bad expert id on one rank, or one rank over its capacity, fails every
  *   rank with that error and leaves every output untouched.
  *   Turns (how emulated ranks on the CUDA backend enqueue): threads arriving in any order take
- *   them in rank order; a rank that never comes holds its successor back for the timeout only.
+ *   them in rank order, on the group and through api.c's calls; a late rank holds its successor
+ *   back for the timeout only, and a failed group for no time.
  */
 #include <pthread.h>
 #include <stdlib.h>
@@ -284,9 +285,9 @@ static void absent_rank_times_out(void) {
   mok_host_layer_destroy(&L);
 }
 
-/* Turns: each of 4 ranks' threads takes 3 turns, sleeping a pseudo-random while before each and
- * while holding it (up to 2 ms, so that without turns they would interleave at random), and
- * writes its rank into the next place of `order` while it holds the turn. */
+/* Turns, on the group: each of 4 ranks' threads takes 3 turns, sleeping a pseudo-random while
+ * before each and while holding it (up to 2 ms, so that without turns they would interleave at
+ * random), and writes its rank into the next place of `order` while it holds the turn. */
 typedef struct turn_run {
   mok_ep_group *g;
   int rank;
@@ -316,9 +317,17 @@ static void *turn_main(void *p) {
   return NULL;
 }
 
+/* The places of `order` hold ranks 0, 1, .., ranks - 1 over and over. */
+static void check_rank_order(const int *order, int n, int want, int ranks, const char *what) {
+  CHECK(n == want, "%s: %d calls seen, expected %d", what, n, want);
+  for (int i = 0; i < n; i++)
+    CHECK(order[i] == i % ranks, "%s: call %d was rank %d's, expected rank %d's", what, i,
+          order[i], i % ranks);
+}
+
 static void turns_in_rank_order(void) {
   mok_ep_group *g = NULL;
-  CHECK_OK(mok_group_alloc(4, 200, &g));
+  CHECK_OK(mok_group_alloc(4, 5000, &g));
   if (!g) return;
   int order[12], next = 0;
   pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
@@ -329,25 +338,109 @@ static void turns_in_rank_order(void) {
     pthread_create(&th[r], NULL, turn_main, &u[r]);
   }
   for (int r = 0; r < 4; r++) pthread_join(th[r], NULL);
-  CHECK(next == 12, "%d turns taken, expected 12", next);
-  for (int i = 0; i < next; i++)
-    CHECK(order[i] == i % 4, "turn %d went to rank %d, expected rank %d", i, order[i], i % 4);
+  check_rank_order(order, next, 12, 4, "turns");
   mok_ep_group_destroy(g);
 
-  /* Rank 0 never comes: rank 1 waits out the timeout once, then nobody waits for turns. */
+  /* Rank 0 is late: rank 1 waits out the timeout and skips it; the late call then goes at once,
+   * and the next calls go in turn again without waiting. */
   CHECK_OK(mok_group_alloc(2, 200, &g));
   if (!g) return;
   double t0 = now_s();
   mok_group_turn_take(g, 1);
-  const double first = now_s() - t0;
+  const double skipped = now_s() - t0;
   mok_group_turn_give(g, 1);
   t0 = now_s();
+  mok_group_turn_take(g, 0), mok_group_turn_give(g, 0); /* the late call */
+  for (int call = 0; call < 2; call++)
+    for (int r = 0; r < 2; r++) mok_group_turn_take(g, r), mok_group_turn_give(g, r);
+  const double after = now_s() - t0;
+  CHECK(skipped > 0.15 && skipped < 5.0, "the late rank's turn was waited for %.3f s; expected "
+        "about 0.2 s", skipped);
+  CHECK(after < 0.1, "the calls after the skipped one waited %.3f s", after);
+  /* A failed group waits for no turn: rank 1's next call is not given by rank 0's. */
+  mok_group_break(g);
+  t0 = now_s();
   mok_group_turn_take(g, 1);
-  const double second = now_s() - t0;
-  mok_group_turn_give(g, 1);
-  CHECK(first > 0.15 && first < 5.0, "the first turn waited %.3f s; expected about 0.2 s", first);
-  CHECK(second < 0.1, "a turn after the timeout still waited %.3f s", second);
+  CHECK(now_s() - t0 < 0.1, "a failed group's turn waited %.3f s", now_s() - t0);
   mok_ep_group_destroy(g);
+}
+
+/* Turns, through api.c: 4 CPU ranks whose backend poses as one with device barriers (a refuse
+ * op), with stubs for the calls that record whose call reached the backend. Each rank's thread
+ * makes forward, backward, recompute and schedule calls, one of them refused on one rank (its
+ * refusal still reaches the backend, as a device barrier would need): the backend sees them in
+ * rank order, call by call. */
+static struct {
+  pthread_mutex_t mu;
+  int order[16], next;
+} seen = {PTHREAD_MUTEX_INITIALIZER, {0}, 0};
+
+static mok_status seen_call(mok_workspace *ws) {
+  const int r = ws->ctx->cfg.ep_rank;
+  const struct timespec t = {0, (long)((3 - r) * 400 + 100) * 1000L}; /* the low ranks slowest */
+  nanosleep(&t, NULL);
+  pthread_mutex_lock(&seen.mu);
+  if (seen.next < 16) seen.order[seen.next++] = r;
+  pthread_mutex_unlock(&seen.mu);
+  return MOK_OK;
+}
+
+static mok_status stub_forward(mok_workspace *ws, const mok_forward_args *a, int y, void *st) {
+  (void)a, (void)y, (void)st;
+  return seen_call(ws);
+}
+
+static mok_status stub_backward(mok_workspace *ws, const mok_backward_args *a, void *st) {
+  (void)a, (void)st;
+  return seen_call(ws);
+}
+
+static mok_status stub_schedule(mok_workspace *ws, const mok_forward_args *a, void *st) {
+  (void)a, (void)st;
+  return seen_call(ws);
+}
+
+static mok_status stub_refuse(mok_workspace *ws, void *st) {
+  (void)st;
+  return seen_call(ws);
+}
+
+static void *four_calls_main(void *p) {
+  rank_run *u = p;
+  u->fwd = mok_forward(u->ws, &u->f, NULL);
+  u->bwd = mok_backward(u->ws, &u->b, NULL);
+  mok_forward_args f = u->f;
+  if (u->ws->ctx->cfg.ep_rank == 2) f.saved = NULL; /* refused on the host */
+  mok_status rec = mok_recompute(u->ws, &f, NULL);
+  CHECK(rec == (f.saved ? MOK_OK : MOK_ERR_INVALID_ARG), "rank %d: recompute gave %s",
+        u->ws->ctx->cfg.ep_rank, mok_status_name(rec));
+  CHECK_OK(mok_schedule(u->ws, &u->f, NULL));
+  return NULL;
+}
+
+static void api_calls_take_turns(void) {
+  mok_host_layer L;
+  if (mok_host_layer_create(&global_shape, global_shape.max_tokens, 13, &L) != MOK_OK) return;
+  ep_setup s;
+  if (setup(&s, &L, 4, 0, 5000)) {
+    mok_backend_ops stub = *s.run[0].ctx->ops;
+    const mok_backend_ops *cpu = s.run[0].ctx->ops;
+    stub.forward = stub_forward, stub.backward = stub_backward, stub.schedule = stub_schedule;
+    stub.refuse = stub_refuse;
+    for (int r = 0; r < 4; r++) s.run[r].ctx->ops = &stub;
+    seen.next = 0;
+    pthread_t th[4];
+    for (int r = 3; r >= 0; r--) pthread_create(&th[r], NULL, four_calls_main, &s.run[r]);
+    for (int r = 0; r < 4; r++) pthread_join(th[r], NULL);
+    for (int r = 0; r < 4; r++) {
+      CHECK(s.run[r].fwd == MOK_OK && s.run[r].bwd == MOK_OK, "rank %d: forward %s, backward %s",
+            r, mok_status_name(s.run[r].fwd), mok_status_name(s.run[r].bwd));
+      s.run[r].ctx->ops = cpu;
+    }
+    check_rank_order(seen.order, seen.next, 16, 4, "api calls");
+  }
+  teardown(&s);
+  mok_host_layer_destroy(&L);
 }
 
 /* `want` was every rank's status and is what mok_check reports, and every rank's outputs still
@@ -521,6 +614,7 @@ const test_case tests_ep[] = {
     {"ep/D4_uneven_tokens_repeated", d4_uneven_repeated},
     {"ep/absent_rank_times_out", absent_rank_times_out},
     {"ep/turns_in_rank_order", turns_in_rank_order},
+    {"ep/api_calls_take_turns", api_calls_take_turns},
     {"ep/bad_id_on_one_rank_stops_all", bad_id_on_one_rank},
     {"ep/capacity_overflow_stops_all", capacity_overflow},
     {"ep/refused_arguments_on_one_rank", refused_arguments_on_one_rank},
