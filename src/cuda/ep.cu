@@ -87,7 +87,7 @@ cudaError_t ep_table_from_window_launch(void *win, const ep_offsets *o, int rank
   return cudaGetLastError();
 }
 
-/* Loads the kernels of this file now (see kernels_preload in kernels.h). */
+/* Loads the kernels of this file now (see ep_preload in kernels.h for why). */
 cudaError_t ep_preload(void) {
   cudaFuncAttributes a;
   cudaError_t e = cudaFuncGetAttributes(&a, (const void *)ep_barrier);

@@ -204,7 +204,7 @@ cudaError_t router_grad_launch(const int32_t *status, int32_t *sticky, int slots
   return cudaGetLastError();
 }
 
-/* Loads the kernels of this file now (see kernels_preload in kernels.h). */
+/* Loads the kernels of this file now (see ep_preload in kernels.h for why). */
 cudaError_t rows_preload(void) {
   cudaFuncAttributes a;
   cudaError_t e = cudaFuncGetAttributes(&a, (const void *)dispatch_rows);

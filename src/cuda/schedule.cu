@@ -1,5 +1,5 @@
 /*
- * schedule.cu: builds the schedule on the GPU with no host round trip (DESIGN §2.1).
+ * schedule.cu: builds the schedule on the GPU with no host round trip (DESIGN §2, step 1).
  *   count: each block histograms SCHED_CHUNK slots per local expert and validates ids;
  *   scan:  one block turns chunk histograms into per-chunk bases, counts, padded offsets,
  *          the expert of every 128-row block, and marks padding rows; or, over the capacity,
@@ -226,7 +226,7 @@ cudaError_t schedule_launch(const sched_args *a, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-/* Loads the kernels of this file now (see kernels_preload in kernels.h). */
+/* Loads the kernels of this file now (see ep_preload in kernels.h for why). */
 cudaError_t schedule_preload(void) {
   cudaFuncAttributes a;
   cudaError_t e = cudaFuncGetAttributes(&a, (const void *)sched_count);
