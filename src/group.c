@@ -2,7 +2,8 @@
  * group.c: the expert-parallel group of emulated ranks: its peer table and the barrier that opens
  * and closes each direction of a call (DESIGN §2). The barrier also carries every rank's error
  * bits, so that when one rank finds a bad id or overflows its capacity all of them leave their
- * outputs untouched, and it gives up after the group's timeout instead of hanging.
+ * outputs untouched, and it gives up after the group's timeout instead of hanging. And the turns
+ * in which emulated ranks on the CUDA backend enqueue their calls (internal.h says why).
  */
 #include <errno.h>
 #include <pthread.h>
