@@ -286,11 +286,13 @@ static mok_ep_group *turns_of(const mok_workspace *ws) {
 }
 
 static void turn_take(const mok_workspace *ws) {
-  if (turns_of(ws)) mok_group_turn_take(turns_of(ws), ws->ctx->cfg.ep_rank);
+  mok_ep_group *g = turns_of(ws);
+  if (g) mok_group_turn_take(g, ws->ctx->cfg.ep_rank);
 }
 
 static mok_status turn_give(const mok_workspace *ws, mok_status st) {
-  if (turns_of(ws)) mok_group_turn_give(turns_of(ws), ws->ctx->cfg.ep_rank);
+  mok_ep_group *g = turns_of(ws);
+  if (g) mok_group_turn_give(g, ws->ctx->cfg.ep_rank);
   return st;
 }
 
