@@ -119,6 +119,7 @@ typedef struct scratch_layout {
   size_t table;         /* ep_table: every rank's symmetric buffers */
   size_t flags;         /* u64 [2][EP_MAX]: barrier words the ranks write here (ep.cu) */
   size_t epoch;         /* u32: barriers passed */
+  size_t gsync;         /* u32 [2]: the grid barrier of the forward's launch (gemm_grid_sync) */
   size_t mark;          /* int32: NCCL group, EP_MARK + rank, read by every rank through the
                          * window when the workspace is made (ep_table_from_window) */
   size_t sym_tokens;    /* int32: published T */
@@ -164,6 +165,7 @@ static scratch_layout scratch_layout_of(const mok_workspace *ws, int64_t rows_ca
   L.table = mok_take(&c, sizeof(ep_table));
   L.flags = mok_take(&c, 2 * EP_MAX * 8);
   L.epoch = mok_take(&c, 16);
+  L.gsync = mok_take(&c, 16);
   L.mark = mok_take(&c, 16);
   L.sym_tokens = mok_take(&c, 16);
   L.sym_ids = mok_take(&c, pub * slots * 4);
@@ -522,9 +524,11 @@ static void rows_plain(const call *c, gemm_args *g) {
   g->rows_valid = c->T;
 }
 
-/* gu, hw <- A [rows, H] x [gate | up]^T (rows routed, or the shared expert's T rows). */
+/* gu, hw <- A [rows, H] x [gate | up]^T (rows routed, or the shared expert's T rows): the
+ * arguments of that phase of the forward's launch. */
 static mok_status gateup_fwd(const call *c, int routed, const void *a, const void *w_gate,
-                             const void *w_up, int64_t experts, int64_t I, void *gu, void *hw) {
+                             const void *w_up, int64_t experts, int64_t I, void *gu, void *hw,
+                             gemm_args *out) {
   gemm_args g;
   memset(&g, 0, sizeof g);
   int64_t rows = routed ? c->S.rows_cap : c->T;
@@ -539,12 +543,14 @@ static mok_status gateup_fwd(const call *c, int routed, const void *a, const voi
   g.out1 = hw;
   cluster_shape(c, GEMM_FWD_GATEUP, &g);
   TRY(map2(&g.a, a, rows, c->H, GEMM_BM / g.cn));
-  return run(c, GEMM_FWD_GATEUP, &g, "gate/up forward");
+  *out = g;
+  return MOK_OK;
 }
 
-/* out <- A [rows, I] x W_down^T: bf16 slot rows (routed) or fp32 rows (shared). */
+/* out <- A [rows, I] x W_down^T: bf16 slot rows (routed) or fp32 rows (shared): the arguments
+ * of that phase of the forward's launch. */
 static mok_status down_fwd(const call *c, int routed, const void *a, const void *w_down,
-                           int64_t experts, int64_t I, void *out) {
+                           int64_t experts, int64_t I, void *out, gemm_args *args) {
   gemm_args g;
   memset(&g, 0, sizeof g);
   int64_t rows = routed ? c->S.rows_cap : c->T;
@@ -558,7 +564,8 @@ static mok_status down_fwd(const call *c, int routed, const void *a, const void 
   g.ld_out = c->H;
   cluster_shape(c, GEMM_FWD_DOWN, &g);
   TRY(map2(&g.a, a, rows, I, GEMM_BM / g.cn));
-  return run(c, GEMM_FWD_DOWN, &g, "down forward");
+  *args = g;
+  return MOK_OK;
 }
 
 /* dgu, router partials <- A [rows, H] x W_down, SwiGLU backward with the saved gu. */
@@ -710,15 +717,27 @@ static mok_status forward_on_device(mok_workspace *ws, const mok_forward_args *a
   CUDA_TRY(dispatch(&c, (const __nv_bfloat16 *)a->x, xr, NULL, NULL,
                     c.status + MOK_STATUS_FILLED),
            "dispatch");
-  TRY(gateup_fwd(&c, 1, xr, a->w.w_gate, a->w.w_up, E, c.I, c.saved + c.S.gu, c.saved + c.S.hw));
-  if (c.Is)
-    TRY(gateup_fwd(&c, 0, a->x, a->w.ws_gate, a->w.ws_up, 1, c.Is, c.saved + c.S.gus,
-                   c.saved + c.S.hs));
-  if (!compute_y) return barrier(&c, EP_CLOSE);
+  /* The expert MLPs in one launch: gate/up, a grid barrier, down (gemm_launch_forward). */
+  gemm_fwd_set set;
+  gemm_fwd_set *fs = &set;
+  memset(fs, 0, sizeof *fs);
   __nv_bfloat16 *slots = AT(c.scratch, c.L->slots, __nv_bfloat16);
   float *ys = AT(c.scratch, c.L->rows_f32, float);
-  TRY(down_fwd(&c, 1, c.saved + c.S.hw, a->w.w_down, E, c.I, slots));
-  if (c.Is) TRY(down_fwd(&c, 0, c.saved + c.S.hs, a->w.ws_down, 1, c.Is, ys));
+  TRY(gateup_fwd(&c, 1, xr, a->w.w_gate, a->w.w_up, E, c.I, c.saved + c.S.gu, c.saved + c.S.hw,
+                 &fs->p[0]));
+  if (c.Is)
+    TRY(gateup_fwd(&c, 0, a->x, a->w.ws_gate, a->w.ws_up, 1, c.Is, c.saved + c.S.gus,
+                   c.saved + c.S.hs, &fs->p[1]));
+  if (compute_y) {
+    TRY(down_fwd(&c, 1, c.saved + c.S.hw, a->w.w_down, E, c.I, slots, &fs->p[2]));
+    if (c.Is) TRY(down_fwd(&c, 0, c.saved + c.S.hs, a->w.ws_down, 1, c.Is, ys, &fs->p[3]));
+  }
+  fs->sync = AT(c.scratch, c.L->gsync, unsigned);
+  fs->shared = c.Is > 0;
+  fs->down = compute_y;
+  CUDA_TRY(gemm_launch_forward(fs, c.ws->ctx->gemm_ctas[fs->p[0].cn - 1], c.stream),
+           "expert MLPs");
+  if (!compute_y) return barrier(&c, EP_CLOSE);
   TRY(barrier(&c, EP_CLOSE));
   CUDA_TRY(combine_launch(status_of(&c), c.T, c.k, c.H, c.Is ? ys : NULL, slots,
                           (__nv_bfloat16 *)a->y, c.stream),

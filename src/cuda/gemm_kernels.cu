@@ -250,39 +250,41 @@ MOK_DEV void epi_wgrad(const gemm_args *g, const gemm_tile *tl, int cw, float *d
 }
 
 /* ---- kernels -------------------------------------------------------------------------------- */
-/* The body shared by all kernels: `COUNT` blocks of tiles, `TILE` the tile of block q for this
- * CTA, `LOAD` the TMA loads of k-block kb into stage s (sa, sb, bar), `EPI` the epilogue.
- * A macro, not a function template: each kernel reads top to bottom with its own loads and
- * epilogue. The kernels are templates over one int only, CN: their clusters are 2 x CN CTAs. */
-#define GEMM_KERNEL_BODY(COUNT, TILE, LOAD, A_MN, B_MN, EPI)                                \
+/* The pieces every kernel is made of (macros, not function templates: each kernel reads top to
+ * bottom with its own loads and epilogue; the kernels are templates over one int only, CN: their
+ * clusters are 2 x CN CTAs). GEMM_SETUP: shared memory, its barriers and the pipeline position,
+ * which runs on through every product of a launch. For the product of `g` (a gemm_args in
+ * scope): GEMM_PRODUCE, by thread 0, the TMA loads (`LOAD`: k-block kb into stage s, with sa, sb,
+ * bar) of its `COUNT` blocks of tiles (`TILE`: block q's tile for this CTA); GEMM_CONSUME, by
+ * each consumer warpgroup, the k-loops and the epilogue `EPI`. */
+#define GEMM_SETUP                                                                           \
   extern __shared__ char smem_raw[];                                                         \
   if (!GEMM_ARCH_OK) { __trap(); }                                                           \
-  if (*g.status) return; /* the same word for every CTA: the whole grid leaves */            \
   const int ctas = GEMM_CM * CN;                                                             \
   gemm_smem *sm = gemm_smem_init(smem_raw, ctas);                                            \
   const int rank = (int)cluster_ctarank();                                                   \
-  const int total = COUNT;                                                                   \
-  gemm_pipe pipe = {0};                                                                      \
-  if (threadIdx.x / 128 == 0) {                                                              \
-    setmaxnreg_dec<40>();                                                                    \
-    if (threadIdx.x == 0) {                                                                  \
-      prefetch_tensormap(&g.a);                                                              \
-      prefetch_tensormap(&g.b0);                                                             \
-      for (int q = blockIdx.x / ctas; q < total; q += gridDim.x / ctas) {                    \
-        gemm_tile tl = TILE;                                                                 \
-        for (int kb = 0; kb < tl.k_blocks; kb++, pipe.it++) {                                \
-          int s = gemm_produce_begin(sm, &pipe, tl.valid);                                   \
-          if (!tl.valid) continue;                                                           \
-          uint64_t *bar = &sm->full[s];                                                      \
-          __nv_bfloat16 *sa = sm->a[s], *sb = sm->b[s];                                      \
-          LOAD;                                                                              \
-        }                                                                                    \
+  gemm_pipe pipe = {0};
+
+#define GEMM_PRODUCE(COUNT, TILE, LOAD)                                                      \
+  {                                                                                          \
+    prefetch_tensormap(&g.a);                                                                \
+    prefetch_tensormap(&g.b0);                                                               \
+    const int total = COUNT;                                                                 \
+    for (int q = blockIdx.x / ctas; q < total; q += gridDim.x / ctas) {                      \
+      gemm_tile tl = TILE;                                                                   \
+      for (int kb = 0; kb < tl.k_blocks; kb++, pipe.it++) {                                  \
+        int s = gemm_produce_begin(sm, &pipe, tl.valid);                                     \
+        if (!tl.valid) continue;                                                             \
+        uint64_t *bar = &sm->full[s];                                                        \
+        __nv_bfloat16 *sa = sm->a[s], *sb = sm->b[s];                                        \
+        LOAD;                                                                                \
       }                                                                                      \
     }                                                                                        \
-  } else {                                                                                   \
-    setmaxnreg_inc<232>();                                                                   \
-    const int cw = threadIdx.x / 128 - 1;                                                    \
-    float d[128];                                                                            \
+  }
+
+#define GEMM_CONSUME(COUNT, TILE, A_MN, B_MN, EPI)                                           \
+  {                                                                                          \
+    const int total = COUNT;                                                                 \
     for (int q = blockIdx.x / ctas; q < total; q += gridDim.x / ctas) {                      \
       gemm_tile tl = TILE;                                                                   \
       if (!tl.valid) {                                                                       \
@@ -292,6 +294,20 @@ MOK_DEV void epi_wgrad(const gemm_args *g, const gemm_tile *tl, int cw, float *d
       gemm_consume(sm, &pipe, tl.k_blocks, ctas, cw, A_MN, B_MN, d);                         \
       EPI(&g, &tl, cw, d);                                                                   \
     }                                                                                        \
+  }
+
+/* One product, the kernel's parameter g. */
+#define GEMM_KERNEL_BODY(COUNT, TILE, LOAD, A_MN, B_MN, EPI)                                \
+  if (*g.status) return; /* the same word for every CTA: the whole grid leaves */            \
+  GEMM_SETUP                                                                                 \
+  if (threadIdx.x / 128 == 0) {                                                              \
+    setmaxnreg_dec<40>();                                                                    \
+    if (threadIdx.x == 0) GEMM_PRODUCE(COUNT, TILE, LOAD)                                    \
+  } else {                                                                                   \
+    setmaxnreg_inc<232>();                                                                   \
+    const int cw = threadIdx.x / 128 - 1;                                                    \
+    float d[128];                                                                            \
+    GEMM_CONSUME(COUNT, TILE, A_MN, B_MN, EPI)                                               \
   }                                                                                          \
   cluster_sync(); /* peers may still multicast into us or release our stages */
 
@@ -338,6 +354,54 @@ KERNEL gemm_dgrad_gateup(const __grid_constant__ gemm_args g) {
                    0, 1, epi_rows)
 }
 
+/* The forward's products as phases of one launch (gemm_fwd_set): the same loads, tiles and
+ * epilogues as gemm_fwd_gateup and gemm_fwd_down, one pipeline running on through them, and a
+ * grid barrier where a kernel boundary was (down reads hw, which gate/up wrote). */
+#define FWD_GATEUP_TILE rowgroup_tile(&g, q, GEMM_BN_GATEUP, rank, CN)
+#define FWD_GATEUP_LOAD                                                                      \
+  (load_a_kmajor(&g, sa, bar, &tl, rank, CN, kb * 64),                                       \
+   load_b_kmajor(sb, bar, &tl, rank, &g.b0, tl.n0, &g.b1, tl.n0, kb * 64))
+#define FWD_DOWN_TILE rowgroup_tile(&g, q, GEMM_BN, rank, CN)
+#define FWD_DOWN_LOAD                                                                        \
+  (load_a_kmajor(&g, sa, bar, &tl, rank, CN, kb * 64),                                       \
+   load_b_kmajor(sb, bar, &tl, rank, &g.b0, tl.n0, &g.b0, tl.n0 + 128, kb * 64))
+
+KERNEL gemm_forward(const __grid_constant__ gemm_fwd_set f) {
+  if (*f.p[0].status) return; /* one word for every product and CTA: the whole grid leaves */
+  GEMM_SETUP
+  if (threadIdx.x / 128 == 0) {
+    setmaxnreg_dec<40>();
+    for (int i = 0; i < 2; i++) {
+      if (threadIdx.x == 0) {
+        for (int j = 2 * i; j < 2 * i + 1 + f.shared; j++) {
+          const gemm_args &g = f.p[j];
+          if (i == 0) GEMM_PRODUCE(rowgroup_block_count(&g, GEMM_BN_GATEUP, CN),
+                                   FWD_GATEUP_TILE, FWD_GATEUP_LOAD)
+          else GEMM_PRODUCE(rowgroup_block_count(&g, GEMM_BN, CN), FWD_DOWN_TILE,
+                            FWD_DOWN_LOAD)
+        }
+      }
+      if (i == 0 && !f.down) break;
+      if (i == 0) gemm_grid_sync(f.sync);
+    }
+  } else {
+    setmaxnreg_inc<232>();
+    const int cw = threadIdx.x / 128 - 1;
+    float d[128];
+    for (int i = 0; i < 2; i++) {
+      for (int j = 2 * i; j < 2 * i + 1 + f.shared; j++) {
+        const gemm_args &g = f.p[j];
+        if (i == 0) GEMM_CONSUME(rowgroup_block_count(&g, GEMM_BN_GATEUP, CN), FWD_GATEUP_TILE,
+                                 0, 0, epi_swiglu_fwd)
+        else GEMM_CONSUME(rowgroup_block_count(&g, GEMM_BN, CN), FWD_DOWN_TILE, 0, 0, epi_rows)
+      }
+      if (i == 0 && !f.down) break;
+      if (i == 0) gemm_grid_sync(f.sync);
+    }
+  }
+  cluster_sync(); /* peers may still multicast into us or release our stages */
+}
+
 /* Per expert e: out[m, n] = sum over its rows r of A[r, m] B[r, n]; both operands are row-major
  * [rows, M] and [rows, N], i.e. MN-major, loaded as [64 r][64 m|n] boxes. */
 KERNEL gemm_wgrad(const __grid_constant__ gemm_args g) {
@@ -356,6 +420,8 @@ static const gemm_fn gemm_fns[][2] = {
     {gemm_dgrad_down<1>, gemm_dgrad_down<2>},     {gemm_dgrad_gateup<1>, gemm_dgrad_gateup<2>},
     {gemm_wgrad<1>, gemm_wgrad<2>}};
 #define GEMM_KINDS (int)(sizeof gemm_fns / sizeof gemm_fns[0])
+typedef void (*gemm_forward_fn)(gemm_fwd_set);
+static const gemm_forward_fn gemm_forward_fns[2] = {gemm_forward<1>, gemm_forward<2>};
 
 static cudaLaunchConfig_t launch_config(int ctas, int cluster, cudaStream_t stream,
                                         cudaLaunchAttribute *attr) {
@@ -384,6 +450,12 @@ cudaError_t gemm_init(int max_ctas[2]) {
                                          (int)GEMM_SMEM_BYTES);
     if (e != cudaSuccess) return e;
   }
+  for (int i = 0; i < 2; i++) {
+    cudaError_t e = cudaFuncSetAttribute((const void *)gemm_forward_fns[i],
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         (int)GEMM_SMEM_BYTES);
+    if (e != cudaSuccess) return e;
+  }
   for (int cn = 1; cn <= 2; cn++) {
     cudaLaunchAttribute attr;
     cudaLaunchConfig_t cfg = launch_config(GEMM_CM * cn, GEMM_CM * cn, 0, &attr);
@@ -407,4 +479,20 @@ cudaError_t gemm_launch(gemm_kind kind, const gemm_args *g, int max_ctas, cudaSt
   cudaLaunchAttribute attr;
   cudaLaunchConfig_t cfg = launch_config(ctas, C, stream, &attr);
   return cudaLaunchKernelEx(&cfg, gemm_fns[kind][g->cn - 1], *g);
+}
+
+cudaError_t gemm_launch_forward(const gemm_fwd_set *s, int max_ctas, cudaStream_t stream) {
+  const int cn = s->p[0].cn, C = GEMM_CM * cn;
+  int blocks = 0; /* the most blocks a phase can walk, one per cluster at a time */
+  for (int j = 0; j < 4; j++) {
+    if ((j % 2 && !s->shared) || (j >= 2 && !s->down)) continue;
+    const int bn = j < 2 ? GEMM_BN_GATEUP : GEMM_BN;
+    const int b = gemm_blocks(s->p[j].m_tiles_max, s->p[j].n, bn, cn);
+    blocks = b > blocks ? b : blocks;
+  }
+  int ctas = C * blocks < max_ctas ? C * blocks : max_ctas;
+  if (ctas < C) ctas = C;
+  cudaLaunchAttribute attr;
+  cudaLaunchConfig_t cfg = launch_config(ctas, C, stream, &attr);
+  return cudaLaunchKernelEx(&cfg, gemm_forward_fns[cn - 1], *s);
 }

@@ -136,6 +136,18 @@ cudaError_t gemm_init(int max_ctas[2]);
 /* Launches on at most `ctas` CTAs (a multiple of 2 x cn); the grid never changes a bit. */
 cudaError_t gemm_launch(gemm_kind kind, const gemm_args *g, int ctas, cudaStream_t stream);
 
+/* The forward's products in one launch, as phases: the gate/up products (routed, then the shared
+ * expert's when `shared`), every CTA at a grid barrier, then, when `down` (not a recompute), the
+ * down products likewise. All four share one cluster shape (p[0].cn); the grid barrier's state
+ * is `sync` (u32 [2] in the workspace, zeroed when it is made). */
+typedef struct gemm_fwd_set {
+  gemm_args p[4]; /* GEMM_FWD_GATEUP routed, shared; GEMM_FWD_DOWN routed, shared */
+  unsigned *sync;
+  int shared;
+  int down;
+} gemm_fwd_set;
+cudaError_t gemm_launch_forward(const gemm_fwd_set *s, int ctas, cudaStream_t stream);
+
 /* ---- tensor maps (tma.cu) ------------------------------------------------------------------- */
 /* Looks up the driver's encoder; 0 on success. Called at context creation, outside any capture. */
 int tma_init(void);

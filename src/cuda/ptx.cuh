@@ -66,6 +66,22 @@ MOK_DEV void named_barrier_sync(uint32_t id, uint32_t threads) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
 
+/* Orders this thread's global accesses through the generic proxy (ld, st) with those through
+ * the async proxy (TMA), both ways: stores that a later TMA load in another CTA reads. */
+MOK_DEV void fence_proxy_async_global(void) {
+  asm volatile("fence.proxy.async.global;" ::: "memory");
+}
+
+MOK_DEV unsigned ld_acquire_gpu(const unsigned *p) {
+  unsigned v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+MOK_DEV void st_release_gpu(unsigned *p, unsigned v) {
+  asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
 /* ---- mbarrier (9.7.13) -------------------------------------------------------------------- */
 MOK_DEV void mbarrier_init(uint64_t *bar, uint32_t count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)), "r"(count));

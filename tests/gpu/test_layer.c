@@ -669,7 +669,7 @@ static void kernels_per_call(void) {
         CHECK_OK(gpu_run(&d, MOK_GRAD_WRITE_BF16, 0)); /* a saved for the backward's capture */
         CUDA_CHECK(cudaDeviceSynchronize());
         const int fwd = captured_kernels(&d, 0), bwd = captured_kernels(&d, 1);
-        const int want_fwd = shared ? 9 : 7, want_bwd = shared ? 12 : 8;
+        const int want_fwd = 6, want_bwd = shared ? 12 : 8;
         CHECK(fwd == want_fwd && bwd == want_bwd,
               "%s shared expert: %d kernels forward, %d backward; docs/kernels.md says %d, %d",
               shared ? "with a" : "no", fwd, bwd, want_fwd, want_bwd);
