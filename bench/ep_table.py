@@ -8,15 +8,17 @@ each moves a rank's remote rows, and the two tables ep.md holds."""
 # their start or by a part.
 #   mok: dispatch_rows pulls x (forward), x and dy (backward). Combine has no kernel: the down
 #   GEMM's forward epilogue and the gate/up dgrad's epilogue push each row to its token's rank,
-#   y and dx, so its rate is taken over those kernels' whole time (they also compute, and the
-#   shared expert's run under the same names): a lower bound.
+#   y and dx, so its rate is taken over the whole time of the launches they run in (the
+#   forward's, gemm_forward, also runs gate/up; they all compute, and the shared expert's run
+#   under the same names): a lower bound.
 #   all_to_all + grouped_mm: NCCL's all-to-all kernels carry the rows out and back, forward and
 #   backward; dispatch and combine share the kernel names, so they are counted together.
 MOVERS = {
     "mok": [
         ("dispatch", lambda k: k.startswith("dispatch_rows"), 3, ""),
-        ("combine", lambda k: "gemm_fwd_down" in k or "gemm_dgrad_gateup" in k, 2,
-         "in the down and gate/up dgrad GEMMs' epilogues: GB/s over those kernels, a lower bound"),
+        ("combine", lambda k: "gemm_forward" in k or "gemm_dgrad_gateup" in k, 2,
+         "in the down and gate/up dgrad GEMMs' epilogues: GB/s over their launches, a lower "
+         "bound"),
     ],
     "all_to_all + grouped_mm": [
         ("dispatch + combine",

@@ -47,7 +47,11 @@ def table(shape_name, text):
         g = iter(gemms)
         for name, us in part:
             short = re.sub(r"^void |\(.*$", "", name)
-            label, flops = next(g, ("?", 0)) if short.startswith("gemm_") else (short, 0)
+            if short.startswith("gemm_forward"):  # every forward product, phases of one launch
+                rest = list(g)
+                label, flops = " + ".join(l for l, _ in rest), sum(f for _, f in rest)
+            else:
+                label, flops = next(g, ("?", 0)) if short.startswith("gemm_") else (short, 0)
             rows.append((direction, label, short, us, flops / us / 1e6 if flops else None))
     lines = [f"{shape_name}: one forward and one backward, ncu (clocks and caches not controlled)",
              "| direction | kernel | launch | us | TFLOP/s |", "|---|---|---|---:|---:|"]

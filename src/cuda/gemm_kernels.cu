@@ -1,5 +1,6 @@
 /*
- * gemm_kernels.cu: the five products of the layer on the engine of gemm.cuh, each one kernel:
+ * gemm_kernels.cu: the five products of the layer on the engine of gemm.cuh (the forward's two
+ * as phases of one kernel, gemm_forward; the backward's one kernel each):
  *   fwd_gateup   [rows, H] x [gate | up]^T  -> gu, hw = w * silu(g) * u      (A, B K-major)
  *   fwd_down     [rows, I] x W_down^T       -> slot rows / fp32 rows          (A, B K-major)
  *   dgrad_down   [rows, H] x W_down         -> dgu (SwiGLU backward), router-gradient partials
@@ -313,23 +314,6 @@ MOK_DEV void epi_wgrad(const gemm_args *g, const gemm_tile *tl, int cw, float *d
 
 #define KERNEL template <int CN> __global__ void __launch_bounds__(GEMM_THREADS, 1)
 
-/* A [rows, H] K-major; B = gate rows i0..i0+127 then up rows i0..i0+127 of expert e. */
-KERNEL gemm_fwd_gateup(const __grid_constant__ gemm_args g) {
-  GEMM_KERNEL_BODY(rowgroup_block_count(&g, GEMM_BN_GATEUP, CN),
-                   rowgroup_tile(&g, q, GEMM_BN_GATEUP, rank, CN),
-                   (load_a_kmajor(&g, sa, bar, &tl, rank, CN, kb * 64),
-                    load_b_kmajor(sb, bar, &tl, rank, &g.b0, tl.n0, &g.b1, tl.n0, kb * 64)),
-                   0, 0, epi_swiglu_fwd)
-}
-
-/* A [rows, I] K-major; B = W_down[e] [H, I] K-major, rows n0..n0+255 in two halves. */
-KERNEL gemm_fwd_down(const __grid_constant__ gemm_args g) {
-  GEMM_KERNEL_BODY(rowgroup_block_count(&g, GEMM_BN, CN), rowgroup_tile(&g, q, GEMM_BN, rank, CN),
-                   (load_a_kmajor(&g, sa, bar, &tl, rank, CN, kb * 64),
-                    load_b_kmajor(sb, bar, &tl, rank, &g.b0, tl.n0, &g.b0, tl.n0 + 128, kb * 64)),
-                   0, 0, epi_rows)
-}
-
 /* A [rows, H] K-major; B[n = i, k = h] = W_down[e][h, i]: MN-major boxes [64 h][64 i]. */
 KERNEL gemm_dgrad_down(const __grid_constant__ gemm_args g) {
   GEMM_KERNEL_BODY(rowgroup_block_count(&g, GEMM_BN, CN), rowgroup_tile(&g, q, GEMM_BN, rank, CN),
@@ -354,9 +338,10 @@ KERNEL gemm_dgrad_gateup(const __grid_constant__ gemm_args g) {
                    0, 1, epi_rows)
 }
 
-/* The forward's products as phases of one launch (gemm_fwd_set): the same loads, tiles and
- * epilogues as gemm_fwd_gateup and gemm_fwd_down, one pipeline running on through them, and a
- * grid barrier where a kernel boundary was (down reads hw, which gate/up wrote). */
+/* The forward's products as phases of one launch (gemm_fwd_set): gate/up (A and B K-major, the
+ * SwiGLU epilogue), then down (A and B K-major, rows to their slots), one pipeline running on
+ * through them, and a grid barrier where a kernel boundary was (down reads hw, which gate/up
+ * wrote). */
 #define FWD_GATEUP_TILE rowgroup_tile(&g, q, GEMM_BN_GATEUP, rank, CN)
 #define FWD_GATEUP_LOAD                                                                      \
   (load_a_kmajor(&g, sa, bar, &tl, rank, CN, kb * 64),                                       \
@@ -414,11 +399,10 @@ KERNEL gemm_wgrad(const __grid_constant__ gemm_args g) {
 /* ---- launchers ------------------------------------------------------------------------------ */
 typedef void (*gemm_fn)(gemm_args);
 
-/* [kind][cn - 1] */
-static const gemm_fn gemm_fns[][2] = {
-    {gemm_fwd_gateup<1>, gemm_fwd_gateup<2>},     {gemm_fwd_down<1>, gemm_fwd_down<2>},
-    {gemm_dgrad_down<1>, gemm_dgrad_down<2>},     {gemm_dgrad_gateup<1>, gemm_dgrad_gateup<2>},
-    {gemm_wgrad<1>, gemm_wgrad<2>}};
+/* [kind - GEMM_DGRAD_DOWN][cn - 1]: the backward's products (the forward's: gemm_forward) */
+static const gemm_fn gemm_fns[][2] = {{gemm_dgrad_down<1>, gemm_dgrad_down<2>},
+                                      {gemm_dgrad_gateup<1>, gemm_dgrad_gateup<2>},
+                                      {gemm_wgrad<1>, gemm_wgrad<2>}};
 #define GEMM_KINDS (int)(sizeof gemm_fns / sizeof gemm_fns[0])
 typedef void (*gemm_forward_fn)(gemm_fwd_set);
 static const gemm_forward_fn gemm_forward_fns[2] = {gemm_forward<1>, gemm_forward<2>};
@@ -459,26 +443,28 @@ cudaError_t gemm_init(int max_ctas[2]) {
   for (int cn = 1; cn <= 2; cn++) {
     cudaLaunchAttribute attr;
     cudaLaunchConfig_t cfg = launch_config(GEMM_CM * cn, GEMM_CM * cn, 0, &attr);
-    int clusters = 0;
+    int clusters = 0, fused = 0; /* the forward's launch must fit whole: the smaller count */
     cudaError_t e =
         cudaOccupancyMaxActiveClusters(&clusters, (const void *)gemm_fns[0][cn - 1], &cfg);
+    if (e == cudaSuccess)
+      e = cudaOccupancyMaxActiveClusters(&fused, (const void *)gemm_forward_fns[cn - 1], &cfg);
     if (e != cudaSuccess) return e;
-    max_ctas[cn - 1] = GEMM_CM * cn * clusters;
+    max_ctas[cn - 1] = GEMM_CM * cn * (fused < clusters ? fused : clusters);
   }
   return cudaSuccess;
 }
 
 cudaError_t gemm_launch(gemm_kind kind, const gemm_args *g, int max_ctas, cudaStream_t stream) {
   const int C = GEMM_CM * g->cn;
-  const int bn = kind == GEMM_FWD_GATEUP ? GEMM_BN_GATEUP : GEMM_BN;
+  if (kind < GEMM_DGRAD_DOWN) return cudaErrorInvalidValue; /* gemm_launch_forward's */
   /* The most blocks the kernel can walk, one per cluster at a time. */
   const int blocks =
-      (kind == GEMM_WGRAD ? g->experts : 1) * gemm_blocks(g->m_tiles_max, g->n, bn, g->cn);
+      (kind == GEMM_WGRAD ? g->experts : 1) * gemm_blocks(g->m_tiles_max, g->n, GEMM_BN, g->cn);
   int ctas = C * blocks < max_ctas ? C * blocks : max_ctas;
   if (ctas < C) ctas = C;
   cudaLaunchAttribute attr;
   cudaLaunchConfig_t cfg = launch_config(ctas, C, stream, &attr);
-  return cudaLaunchKernelEx(&cfg, gemm_fns[kind][g->cn - 1], *g);
+  return cudaLaunchKernelEx(&cfg, gemm_fns[kind - GEMM_DGRAD_DOWN][g->cn - 1], *g);
 }
 
 cudaError_t gemm_launch_forward(const gemm_fwd_set *s, int max_ctas, cudaStream_t stream) {
@@ -486,13 +472,19 @@ cudaError_t gemm_launch_forward(const gemm_fwd_set *s, int max_ctas, cudaStream_
   int blocks = 0; /* the most blocks a phase can walk, one per cluster at a time */
   for (int j = 0; j < 4; j++) {
     if ((j % 2 && !s->shared) || (j >= 2 && !s->down)) continue;
+    if (s->p[j].cn != cn) return cudaErrorInvalidValue; /* one cluster shape a launch */
     const int bn = j < 2 ? GEMM_BN_GATEUP : GEMM_BN;
     const int b = gemm_blocks(s->p[j].m_tiles_max, s->p[j].n, bn, cn);
     blocks = b > blocks ? b : blocks;
   }
   int ctas = C * blocks < max_ctas ? C * blocks : max_ctas;
   if (ctas < C) ctas = C;
-  cudaLaunchAttribute attr;
-  cudaLaunchConfig_t cfg = launch_config(ctas, C, stream, &attr);
+  cudaLaunchAttribute attr[2];
+  cudaLaunchConfig_t cfg = launch_config(ctas, C, stream, &attr[0]);
+  /* Cooperative: every CTA resident at once, or no launch, as the grid barrier needs (a CTA
+   * waiting for an SM would leave the others spinning). */
+  attr[1].id = cudaLaunchAttributeCooperative;
+  attr[1].val.cooperative = 1;
+  cfg.numAttrs = 2;
   return cudaLaunchKernelEx(&cfg, gemm_forward_fns[cn - 1], *s);
 }

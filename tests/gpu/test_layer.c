@@ -656,9 +656,9 @@ static int captured_kernels(gpu_layer *d, int backward) {
 }
 
 /* The kernels per call that docs/kernels.md lists (ep = 1): schedule 3, dispatch, the GEMMs
- * (2 forward, 4 backward, as many again for a shared expert), combine; backward also saved_open
- * and the router gradient. Issue 5 aims at 2 per direction: this test says where main stands,
- * and changes with it. */
+ * (forward one launch, shared expert or not; backward 4, as many again for a shared expert),
+ * combine; backward also saved_open and the router gradient. Issue 5 aims at 2 per direction:
+ * this test says where main stands, and changes with it. */
 static void kernels_per_call(void) {
   for (int shared = 0; shared < 2; shared++) {
     mok_shape s = shape_of(200, 128, 128, shared ? 64 : 0, 8, 2);
