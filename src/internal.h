@@ -81,8 +81,8 @@ typedef struct mok_saved_layout {
   int64_t tokens;        /* T */
   int64_t rows_cap;      /* most routed rows incl. padding: multiple of MOK_TILE_M */
   size_t status;         /* int32[4]: [0] device error bits of this call */
-  size_t tag;            /* u64[2], CUDA: the workspace and the number of the forward that
-                          * filled saved, against which a backward knows the routed x rows the
+  size_t tag;            /* u64, CUDA: the number of the forward that filled saved (unique in
+                          * the process), against which a backward knows the routed x rows the
                           * workspace still holds (rows.cu) */
   size_t counts;         /* int32[E_local] routed rows per local expert */
   size_t offsets;        /* int32[E_local + 1] padded first row per expert; [E_local] = total */

@@ -25,7 +25,7 @@ mok_saved_layout mok_saved_layout_of(const mok_workspace *ws, int64_t tokens) {
   L.tokens = tokens;
   L.rows_cap = rows_capacity(ws, tokens);
   L.status = mok_take(&c, 4 * sizeof(int32_t));
-  L.tag = mok_take(&c, 2 * sizeof(uint64_t));
+  L.tag = mok_take(&c, sizeof(uint64_t));
   L.counts = mok_take(&c, ws->experts_local * (int64_t)sizeof(int32_t));
   L.offsets = mok_take(&c, (ws->experts_local + 1) * (int64_t)sizeof(int32_t));
   L.row_src = mok_take(&c, L.rows_cap * (int64_t)sizeof(int32_t));

@@ -200,7 +200,7 @@ typedef struct dispatch_args {
    * number; the backward skips copying x when saved_open found them to be its own, and marks
    * them as saved's forward's when it copies them. */
   uint64_t *xr_tag;      /* the workspace's [3] (see saved_open_launch) */
-  uint64_t *saved_tag;   /* saved's [2]: the workspace (xr_tag's address), the forward's number */
+  uint64_t *saved_tag;   /* saved's: the number of the forward that filled it */
   const int32_t *x_rows; /* backward: the status word MOK_BSTATUS_X_ROWS; forward: NULL */
 } dispatch_args;
 cudaError_t dispatch_launch(const dispatch_args *a, int ranks, cudaStream_t stream);

@@ -63,10 +63,9 @@ __global__ void __launch_bounds__(ROWS_THREADS) dispatch_rows(dispatch_args a, i
       const uint64_t n = ++a.xr_tag[2];
       a.xr_tag[0] = n;
       a.xr_tag[1] = (uintptr_t)a.src0;
-      a.saved_tag[0] = (uintptr_t)a.xr_tag;
-      a.saved_tag[1] = n;
+      *a.saved_tag = n;
     } else if (a.xr_tag && !dy_only) { /* backward copying x: saved's forward's rows now */
-      a.xr_tag[0] = a.saved_tag[0] == (uintptr_t)a.xr_tag ? a.saved_tag[1] : 0;
+      a.xr_tag[0] = *a.saved_tag;
       a.xr_tag[1] = (uintptr_t)a.src0;
     }
   }
@@ -120,8 +119,8 @@ __global__ void saved_open(const int32_t *saved_status, int32_t *status, int tok
   if (mok_saved_check(saved_status, tokens) != MOK_SAVED_OK) bits |= MOK_DEVERR_SAVED;
   status[MOK_STATUS_BITS] = bits;
   status[MOK_STATUS_OPEN] = 0;
-  status[MOK_BSTATUS_X_ROWS] = xr_tag && saved_tag[0] == (uintptr_t)xr_tag && saved_tag[1] != 0 &&
-                                xr_tag[0] == saved_tag[1] && xr_tag[1] == (uintptr_t)x;
+  status[MOK_BSTATUS_X_ROWS] =
+      xr_tag && *saved_tag != 0 && xr_tag[0] == *saved_tag && xr_tag[1] == (uintptr_t)x;
 }
 
 __global__ void __launch_bounds__(ROWS_THREADS)
