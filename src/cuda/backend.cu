@@ -673,8 +673,9 @@ static mok_status schedule(const call *c, const mok_forward_args *a) {
 }
 
 /* The call's routed rows of src0 (and src1) into dst0 (dst1), from the saved schedule. */
-static cudaError_t dispatch(const call *c, const __nv_bfloat16 *src0, __nv_bfloat16 *dst0,
-                            const __nv_bfloat16 *src1, __nv_bfloat16 *dst1, int32_t *filled) {
+static dispatch_args dispatch_of(const call *c, const __nv_bfloat16 *src0, __nv_bfloat16 *dst0,
+                                 const __nv_bfloat16 *src1, __nv_bfloat16 *dst1,
+                                 int32_t *filled) {
   dispatch_args d;
   d.status = status_of(c);
   d.offsets = AT(c->saved, c->S.offsets, int32_t);
@@ -687,6 +688,7 @@ static cudaError_t dispatch(const call *c, const __nv_bfloat16 *src0, __nv_bfloa
   d.rows_cap = (int)c->S.rows_cap;
   d.rank = c->rank;
   d.slots_cap = c->slots_cap;
+  d.group = c->ranks > 1 ? 1 : 32;
   d.peers = table_of(c);
   d.src0 = src0, d.dst0 = dst0, d.src1 = src1, d.dst1 = dst1;
   d.filled = filled;
@@ -694,7 +696,20 @@ static cudaError_t dispatch(const call *c, const __nv_bfloat16 *src0, __nv_bfloa
   d.xr_tag = xr_tag_of(c);
   d.saved_tag = d.xr_tag ? AT(c->saved, c->S.tag, uint64_t) : NULL;
   d.x_rows = src1 && d.xr_tag ? c->status + MOK_BSTATUS_X_ROWS : NULL;
-  return dispatch_launch(&d, c->ranks, c->stream);
+  return d;
+}
+
+/* Each token's slot rows summed onto base (fp32 [T, H], or NULL) into out. */
+static combine_args combine_of(const call *c, const float *base, void *out) {
+  combine_args m;
+  m.status = status_of(c);
+  m.T = c->T;
+  m.k = c->k;
+  m.H = c->H;
+  m.base = base;
+  m.slots = AT(c->scratch, c->L->slots, __nv_bfloat16);
+  m.out = (__nv_bfloat16 *)out;
+  return m;
 }
 
 static mok_status check_forward_device(const mok_forward_args *a, int compute_y) {
@@ -714,15 +729,15 @@ static mok_status forward_on_device(mok_workspace *ws, const mok_forward_args *a
   __nv_bfloat16 *xr = AT(c.scratch, c.L->xr, __nv_bfloat16);
   TRY(publish(&c, c.L->sym_x, a->x, (size_t)c.T * c.H * 2));
   TRY(schedule(&c, a));
-  CUDA_TRY(dispatch(&c, (const __nv_bfloat16 *)a->x, xr, NULL, NULL,
-                    c.status + MOK_STATUS_FILLED),
-           "dispatch");
-  /* The expert MLPs in one launch: gate/up, a grid barrier, down (gemm_launch_forward). */
-  gemm_fwd_set set;
-  gemm_fwd_set *fs = &set;
+  /* The rest in one launch (layer_forward_launch): dispatch, gate/up, down, and combine where no
+   * group barrier must come between down and combine. */
+  layer_fwd set;
+  layer_fwd *fs = &set;
   memset(fs, 0, sizeof *fs);
   __nv_bfloat16 *slots = AT(c.scratch, c.L->slots, __nv_bfloat16);
   float *ys = AT(c.scratch, c.L->rows_f32, float);
+  fs->d = dispatch_of(&c, (const __nv_bfloat16 *)a->x, xr, NULL, NULL,
+                      c.status + MOK_STATUS_FILLED);
   TRY(gateup_fwd(&c, 1, xr, a->w.w_gate, a->w.w_up, E, c.I, c.saved + c.S.gu, c.saved + c.S.hw,
                  &fs->p[0]));
   if (c.Is)
@@ -732,16 +747,15 @@ static mok_status forward_on_device(mok_workspace *ws, const mok_forward_args *a
     TRY(down_fwd(&c, 1, c.saved + c.S.hw, a->w.w_down, E, c.I, slots, &fs->p[2]));
     if (c.Is) TRY(down_fwd(&c, 0, c.saved + c.S.hs, a->w.ws_down, 1, c.Is, ys, &fs->p[3]));
   }
+  fs->c = combine_of(&c, c.Is ? ys : NULL, a->y);
   fs->sync = AT(c.scratch, c.L->gsync, unsigned);
   fs->shared = c.Is > 0;
   fs->down = compute_y;
-  CUDA_TRY(gemm_launch_forward(fs, c.ws->ctx->gemm_ctas[fs->p[0].cn - 1], c.stream),
-           "expert MLPs");
-  if (!compute_y) return barrier(&c, EP_CLOSE);
+  fs->combine = compute_y && !c.ws->ctx->cfg.group;
+  CUDA_TRY(layer_forward_launch(fs, c.ws->ctx->gemm_ctas[fs->p[0].cn - 1], c.stream),
+           "layer forward");
   TRY(barrier(&c, EP_CLOSE));
-  CUDA_TRY(combine_launch(status_of(&c), c.T, c.k, c.H, c.Is ? ys : NULL, slots,
-                          (__nv_bfloat16 *)a->y, c.stream),
-           "combine");
+  if (compute_y && !fs->combine) CUDA_TRY(combine_launch(&fs->c, c.stream), "combine");
   return MOK_OK;
 }
 
@@ -808,9 +822,9 @@ static mok_status backward_on_device(mok_workspace *ws, const mok_backward_args 
   float *dxs = AT(c.scratch, c.L->rows_f32, float);
   __nv_bfloat16 *dgus = AT(c.scratch, c.L->dgus, __nv_bfloat16);
 
-  CUDA_TRY(dispatch(&c, (const __nv_bfloat16 *)a->x, xr, (const __nv_bfloat16 *)a->dy, dyr,
-                    NULL),
-           "dispatch");
+  const dispatch_args d = dispatch_of(&c, (const __nv_bfloat16 *)a->x, xr,
+                                      (const __nv_bfloat16 *)a->dy, dyr, NULL);
+  CUDA_TRY(dispatch_launch(&d, c.stream), "dispatch");
   /* Routed experts, each product after the last reader of the memory it writes (scratch_layout):
    * down's dgrad and weight gradient read the dy rows, then gate/up's dgrad may write slots over
    * them; gate/up's weight gradient is the last to read the x rows. */
@@ -826,9 +840,8 @@ static mok_status backward_on_device(mok_workspace *ws, const mok_backward_args 
     TRY(wgrad(&c, 0, dgus, 2 * c.Is, a->x, c.H, c.Is, a->g.dws_gate, a->g.dws_up, acc));
   }
   TRY(barrier(&c, EP_CLOSE));
-  CUDA_TRY(combine_launch(status_of(&c), c.T, c.k, c.H, c.Is ? dxs : NULL, slots,
-                          (__nv_bfloat16 *)a->dx, c.stream),
-           "combine");
+  const combine_args m = combine_of(&c, c.Is ? dxs : NULL, a->dx);
+  CUDA_TRY(combine_launch(&m, c.stream), "combine");
   CUDA_TRY(router_grad_launch(status_of(&c), AT(c.scratch, c.L->sticky, int32_t), c.T * c.k,
                               c.I / 64, part, a->d_topk_weights, c.stream),
            "router gradient");

@@ -1,6 +1,7 @@
 /*
  * gemm_kernels.cu: the five products of the layer on the engine of gemm.cuh (the forward's two
- * as phases of one kernel, gemm_forward; the backward's one kernel each):
+ * as phases of its layer launch, layer_forward, with dispatch and combine; the backward's one
+ * kernel each):
  *   fwd_gateup   [rows, H] x [gate | up]^T  -> gu, hw = w * silu(g) * u      (A, B K-major)
  *   fwd_down     [rows, I] x W_down^T       -> slot rows / fp32 rows          (A, B K-major)
  *   dgrad_down   [rows, H] x W_down         -> dgu (SwiGLU backward), router-gradient partials
@@ -12,7 +13,7 @@
  * of 2 x cn tiles, launched as clusters of 2 x cn CTAs; each is compiled for cn = 1 and 2.
  */
 #include "cuda/gemm.cuh"
-#include "cuda/kernels.h"
+#include "cuda/rows.cuh"
 
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ == 900
 #define GEMM_ARCH_OK 1
@@ -338,10 +339,11 @@ KERNEL gemm_dgrad_gateup(const __grid_constant__ gemm_args g) {
                    0, 1, epi_rows)
 }
 
-/* The forward's products as phases of one launch (gemm_fwd_set): gate/up (A and B K-major, the
- * SwiGLU epilogue), then down (A and B K-major, rows to their slots), one pipeline running on
- * through them, and a grid barrier where a kernel boundary was (down reads hw, which gate/up
- * wrote). */
+/* The forward after the schedule as phases of one launch (layer_fwd), a grid barrier where a
+ * kernel boundary was: dispatch by every warp; gate/up (A and B K-major, the SwiGLU epilogue);
+ * down (A and B K-major, rows to their slots; it reads hw, which gate/up wrote); combine by the
+ * consumer threads (the producer warpgroup keeps 40 registers). One pipeline runs on through
+ * the products. */
 #define FWD_GATEUP_TILE rowgroup_tile(&g, q, GEMM_BN_GATEUP, rank, CN)
 #define FWD_GATEUP_LOAD                                                                      \
   (load_a_kmajor(&g, sa, bar, &tl, rank, CN, kb * 64),                                       \
@@ -350,10 +352,14 @@ KERNEL gemm_dgrad_gateup(const __grid_constant__ gemm_args g) {
 #define FWD_DOWN_LOAD                                                                        \
   (load_a_kmajor(&g, sa, bar, &tl, rank, CN, kb * 64),                                       \
    load_b_kmajor(sb, bar, &tl, rank, &g.b0, tl.n0, &g.b0, tl.n0 + 128, kb * 64))
+#define WARPS (GEMM_THREADS / 32)
 
-KERNEL gemm_forward(const __grid_constant__ gemm_fwd_set f) {
-  if (*f.p[0].status) return; /* one word for every product and CTA: the whole grid leaves */
+KERNEL layer_forward(const __grid_constant__ layer_fwd f) {
+  if (*f.p[0].status) return; /* one word for every phase and CTA: the whole grid leaves */
   GEMM_SETUP
+  if (blockIdx.x == 0 && threadIdx.x == 0) dispatch_marks(&f.d);
+  dispatch_warp(&f.d, blockIdx.x * WARPS + threadIdx.x / 32, gridDim.x * WARPS);
+  gemm_grid_sync(f.sync);
   if (threadIdx.x / 128 == 0) {
     setmaxnreg_dec<40>();
     for (int i = 0; i < 2; i++) {
@@ -367,7 +373,7 @@ KERNEL gemm_forward(const __grid_constant__ gemm_fwd_set f) {
         }
       }
       if (i == 0 && !f.down) break;
-      if (i == 0) gemm_grid_sync(f.sync);
+      gemm_grid_sync(f.sync);
     }
   } else {
     setmaxnreg_inc<232>();
@@ -381,7 +387,12 @@ KERNEL gemm_forward(const __grid_constant__ gemm_fwd_set f) {
         else GEMM_CONSUME(rowgroup_block_count(&g, GEMM_BN, CN), FWD_DOWN_TILE, 0, 0, epi_rows)
       }
       if (i == 0 && !f.down) break;
-      if (i == 0) gemm_grid_sync(f.sync);
+      gemm_grid_sync(f.sync);
+    }
+    if (f.combine) {
+      const size_t n = (size_t)f.c.T * (f.c.H / 8), stride = (size_t)gridDim.x * 256;
+      for (size_t v = blockIdx.x * 256 + threadIdx.x - 128; v < n; v += stride)
+        combine_vec(&f.c, v);
     }
   }
   cluster_sync(); /* peers may still multicast into us or release our stages */
@@ -399,13 +410,13 @@ KERNEL gemm_wgrad(const __grid_constant__ gemm_args g) {
 /* ---- launchers ------------------------------------------------------------------------------ */
 typedef void (*gemm_fn)(gemm_args);
 
-/* [kind - GEMM_DGRAD_DOWN][cn - 1]: the backward's products (the forward's: gemm_forward) */
+/* [kind - GEMM_DGRAD_DOWN][cn - 1]: the backward's products (the forward's: layer_forward) */
 static const gemm_fn gemm_fns[][2] = {{gemm_dgrad_down<1>, gemm_dgrad_down<2>},
                                       {gemm_dgrad_gateup<1>, gemm_dgrad_gateup<2>},
                                       {gemm_wgrad<1>, gemm_wgrad<2>}};
 #define GEMM_KINDS (int)(sizeof gemm_fns / sizeof gemm_fns[0])
-typedef void (*gemm_forward_fn)(gemm_fwd_set);
-static const gemm_forward_fn gemm_forward_fns[2] = {gemm_forward<1>, gemm_forward<2>};
+typedef void (*layer_forward_fn)(layer_fwd);
+static const layer_forward_fn layer_forward_fns[2] = {layer_forward<1>, layer_forward<2>};
 
 static cudaLaunchConfig_t launch_config(int ctas, int cluster, cudaStream_t stream,
                                         cudaLaunchAttribute *attr) {
@@ -435,7 +446,7 @@ cudaError_t gemm_init(int max_ctas[2]) {
     if (e != cudaSuccess) return e;
   }
   for (int i = 0; i < 2; i++) {
-    cudaError_t e = cudaFuncSetAttribute((const void *)gemm_forward_fns[i],
+    cudaError_t e = cudaFuncSetAttribute((const void *)layer_forward_fns[i],
                                          cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          (int)GEMM_SMEM_BYTES);
     if (e != cudaSuccess) return e;
@@ -447,7 +458,7 @@ cudaError_t gemm_init(int max_ctas[2]) {
     cudaError_t e =
         cudaOccupancyMaxActiveClusters(&clusters, (const void *)gemm_fns[0][cn - 1], &cfg);
     if (e == cudaSuccess)
-      e = cudaOccupancyMaxActiveClusters(&fused, (const void *)gemm_forward_fns[cn - 1], &cfg);
+      e = cudaOccupancyMaxActiveClusters(&fused, (const void *)layer_forward_fns[cn - 1], &cfg);
     if (e != cudaSuccess) return e;
     max_ctas[cn - 1] = GEMM_CM * cn * (fused < clusters ? fused : clusters);
   }
@@ -456,7 +467,7 @@ cudaError_t gemm_init(int max_ctas[2]) {
 
 cudaError_t gemm_launch(gemm_kind kind, const gemm_args *g, int max_ctas, cudaStream_t stream) {
   const int C = GEMM_CM * g->cn;
-  if (kind < GEMM_DGRAD_DOWN) return cudaErrorInvalidValue; /* gemm_launch_forward's */
+  if (kind < GEMM_DGRAD_DOWN) return cudaErrorInvalidValue; /* layer_forward_launch's */
   /* The most blocks the kernel can walk, one per cluster at a time. */
   const int blocks =
       (kind == GEMM_WGRAD ? g->experts : 1) * gemm_blocks(g->m_tiles_max, g->n, GEMM_BN, g->cn);
@@ -467,24 +478,18 @@ cudaError_t gemm_launch(gemm_kind kind, const gemm_args *g, int max_ctas, cudaSt
   return cudaLaunchKernelEx(&cfg, gemm_fns[kind - GEMM_DGRAD_DOWN][g->cn - 1], *g);
 }
 
-cudaError_t gemm_launch_forward(const gemm_fwd_set *s, int max_ctas, cudaStream_t stream) {
-  const int cn = s->p[0].cn, C = GEMM_CM * cn;
-  int blocks = 0; /* the most blocks a phase can walk, one per cluster at a time */
-  for (int j = 0; j < 4; j++) {
-    if ((j % 2 && !s->shared) || (j >= 2 && !s->down)) continue;
-    if (s->p[j].cn != cn) return cudaErrorInvalidValue; /* one cluster shape a launch */
-    const int bn = j < 2 ? GEMM_BN_GATEUP : GEMM_BN;
-    const int b = gemm_blocks(s->p[j].m_tiles_max, s->p[j].n, bn, cn);
-    blocks = b > blocks ? b : blocks;
-  }
-  int ctas = C * blocks < max_ctas ? C * blocks : max_ctas;
-  if (ctas < C) ctas = C;
+/* Every CTA that can be resident: the row phases use them all. */
+cudaError_t layer_forward_launch(const layer_fwd *f, int ctas, cudaStream_t stream) {
+  const int cn = f->p[0].cn;
+  for (int j = 1; j < 4; j++)
+    if (!((j % 2 && !f->shared) || (j >= 2 && !f->down)) && f->p[j].cn != cn)
+      return cudaErrorInvalidValue; /* one cluster shape a launch */
   cudaLaunchAttribute attr[2];
-  cudaLaunchConfig_t cfg = launch_config(ctas, C, stream, &attr[0]);
+  cudaLaunchConfig_t cfg = launch_config(ctas, GEMM_CM * cn, stream, &attr[0]);
   /* Cooperative: every CTA resident at once, or no launch, as the grid barrier needs (a CTA
    * waiting for an SM would leave the others spinning). */
   attr[1].id = cudaLaunchAttributeCooperative;
   attr[1].val.cooperative = 1;
   cfg.numAttrs = 2;
-  return cudaLaunchKernelEx(&cfg, gemm_forward_fns[cn - 1], *s);
+  return cudaLaunchKernelEx(&cfg, layer_forward_fns[cn - 1], *f);
 }

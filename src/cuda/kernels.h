@@ -136,17 +136,6 @@ cudaError_t gemm_init(int max_ctas[2]);
 /* Launches on at most `ctas` CTAs (a multiple of 2 x cn); the grid never changes a bit. */
 cudaError_t gemm_launch(gemm_kind kind, const gemm_args *g, int ctas, cudaStream_t stream);
 
-/* The forward's products in one launch, as phases: the gate/up products (routed, then the shared
- * expert's when `shared`), every CTA at a grid barrier, then, when `down` (not a recompute), the
- * down products likewise. All four share one cluster shape (p[0].cn); the grid barrier's state
- * is `sync` (u32 [2] in the workspace, zeroed when it is made). */
-typedef struct gemm_fwd_set {
-  gemm_args p[4]; /* GEMM_FWD_GATEUP routed, shared; GEMM_FWD_DOWN routed, shared */
-  unsigned *sync;
-  int shared;
-  int down;
-} gemm_fwd_set;
-cudaError_t gemm_launch_forward(const gemm_fwd_set *s, int ctas, cudaStream_t stream);
 
 /* ---- tensor maps (tma.cu) ------------------------------------------------------------------- */
 /* Looks up the driver's encoder; 0 on success. Called at context creation, outside any capture. */
@@ -191,6 +180,7 @@ cudaError_t schedule_launch(const sched_args *a, cudaStream_t stream);
 typedef struct dispatch_args {
   const int32_t *status, *offsets, *row_src, *slot_row; /* offsets[experts_local]: rows */
   int experts_local, T, k, H, rows_cap, rank, slots_cap;
+  int group; /* routed rows a warp looks at: 32 at ep = 1, 1 in a group (rows.cuh) */
   const ep_table *peers;
   const __nv_bfloat16 *src0, *src1; /* src1, dst1: NULL for one tensor */
   __nv_bfloat16 *dst0, *dst1;
@@ -203,7 +193,7 @@ typedef struct dispatch_args {
   uint64_t *saved_tag;   /* saved's: the number of the forward that filled it */
   const int32_t *x_rows; /* backward: the status word MOK_BSTATUS_X_ROWS; forward: NULL */
 } dispatch_args;
-cudaError_t dispatch_launch(const dispatch_args *a, int ranks, cudaStream_t stream);
+cudaError_t dispatch_launch(const dispatch_args *a, cudaStream_t stream);
 /* The backward's error bits <- saved's, plus MOK_DEVERR_SAVED unless a forward or recompute of
  * `tokens` tokens filled saved; the barrier's word cleared. One thread; the backward's first
  * kernel. With xr_tag (ep = 1, no shared expert; else NULL): xr_tag[0] is the number of the
@@ -213,9 +203,16 @@ cudaError_t dispatch_launch(const dispatch_args *a, int ranks, cudaStream_t stre
 cudaError_t saved_open_launch(const int32_t *saved_status, int32_t *status, int tokens,
                               const uint64_t *saved_tag, uint64_t *xr_tag, const void *x,
                               cudaStream_t stream);
-/* y[t] = bf16(((base[t] + slot[t,0]) + slot[t,1]) + ...), base fp32 or NULL (zero). */
-cudaError_t combine_launch(const int32_t *status, int T, int k, int H, const float *base,
-                           const __nv_bfloat16 *slots, __nv_bfloat16 *out, cudaStream_t stream);
+/* out[t] = bf16(((base[t] + slot[t,0]) + slot[t,1]) + ...), base fp32 [T, H] or NULL (zero),
+ * slot rows [T * k, H]. */
+typedef struct combine_args {
+  const int32_t *status;
+  int T, k, H;
+  const float *base;
+  const __nv_bfloat16 *slots;
+  __nv_bfloat16 *out;
+} combine_args;
+cudaError_t combine_launch(const combine_args *c, cudaStream_t stream);
 /* d_topk_weights[s] = sum over chunks c ascending of part[s, c]. Also copies the call's error
  * bits into `sticky`, so a backward on a failed forward's saved buffer is reported again. */
 cudaError_t router_grad_launch(const int32_t *status, int32_t *sticky, int slots, int chunks,
@@ -229,5 +226,21 @@ cudaError_t router_grad_launch(const int32_t *status, int32_t *sticky, int slots
 cudaError_t ep_preload(void);
 cudaError_t rows_preload(void);
 cudaError_t schedule_preload(void);
+
+/* ---- the forward's layer launch (gemm_kernels.cu) ------------------------------------------ */
+/* Everything of the forward after the schedule, as phases of one launch with every CTA at a grid
+ * barrier between them: dispatch (d); the gate/up products (routed p[0], then the shared
+ * expert's p[1] when `shared`); when `down` (not a recompute), the down products (p[2], p[3]);
+ * when `combine` (down, and no group barrier must come first), combine (c). The products share
+ * one cluster shape (p[0].cn); the grid barrier's state is `sync` (u32 [2] in the workspace,
+ * zeroed when it is made). */
+typedef struct layer_fwd {
+  gemm_args p[4]; /* GEMM_FWD_GATEUP routed, shared; GEMM_FWD_DOWN routed, shared */
+  dispatch_args d;
+  combine_args c;
+  unsigned *sync;
+  int shared, down, combine;
+} layer_fwd;
+cudaError_t layer_forward_launch(const layer_fwd *f, int ctas, cudaStream_t stream);
 
 #endif /* MOK_CUDA_KERNELS_H */

@@ -1,0 +1,144 @@
+/*
+ * rows.cuh: the row movers as device functions, for their own kernels (rows.cu) and for the
+ * forward's layer launch (gemm_kernels.cu), which runs them as phases. Each takes its share of
+ * the work by a warp (dispatch) or thread (combine) index and a stride, so any grid runs them
+ * and the bits do not depend on it. All rows move as 16-byte vectors.
+ */
+#ifndef MOK_CUDA_ROWS_CUH
+#define MOK_CUDA_ROWS_CUH
+
+#include "cuda/kernels.h"
+
+#define DISPATCH_UNROLL 4 /* 16-byte loads in flight per lane and tensor */
+#define COMBINE_BATCH 8   /* slot rows a thread loads before it adds any of them */
+
+/* Copies row `from` of x0 (and x1) to the rows of y0 (y1) held in `to` by the lanes of `lanes`,
+ * or zeros there when x0 is NULL; one warp, DISPATCH_UNROLL x 32 vectors at a time: all loads,
+ * then all stores. The rows pass by shuffle, so a warp needs no shared memory. */
+static __device__ void copy_row(const int4 *x0, const int4 *x1, size_t from, int4 *y0, int4 *y1,
+                                unsigned lanes, int to, int vecs) {
+  const int lane = threadIdx.x % 32;
+  for (int v0 = 0; v0 < vecs; v0 += 32 * DISPATCH_UNROLL) {
+    int4 r0[DISPATCH_UNROLL], r1[DISPATCH_UNROLL];
+#pragma unroll
+    for (int u = 0; u < DISPATCH_UNROLL; u++) {
+      const int v = v0 + 32 * u + lane;
+      r0[u] = r1[u] = make_int4(0, 0, 0, 0);
+      if (x0 && v < vecs) {
+        r0[u] = __ldg(&x0[from + v]);
+        if (y1) r1[u] = __ldg(&x1[from + v]);
+      }
+    }
+    for (unsigned m = lanes; m; m &= m - 1) {
+      const size_t at = (size_t)__shfl_sync(0xffffffffu, to, __ffs(m) - 1) * vecs;
+#pragma unroll
+      for (int u = 0; u < DISPATCH_UNROLL; u++) {
+        const int v = v0 + 32 * u + lane;
+        if (v < vecs) {
+          y0[at + v] = r0[u];
+          if (y1) y1[at + v] = r1[u];
+        }
+      }
+    }
+  }
+}
+
+/* The call's number and marks (dispatch_args.xr_tag), by the one thread that reads the tags;
+ * its filled word. Before any row moves. */
+static __device__ void dispatch_marks(const dispatch_args *a) {
+  if (a->filled) *a->filled = 1;
+  const bool dy_only = a->x_rows && *a->x_rows;
+  if (a->xr_tag && !a->x_rows) { /* forward: number this call, mark its x rows and saved */
+    const uint64_t n = ++a->xr_tag[2];
+    a->xr_tag[0] = n;
+    a->xr_tag[1] = (uintptr_t)a->src0;
+    *a->saved_tag = n;
+  } else if (a->xr_tag && !dy_only) { /* backward copying x: saved's forward's rows now */
+    a->xr_tag[0] = *a->saved_tag;
+    a->xr_tag[1] = (uintptr_t)a->src0;
+  }
+}
+
+/* Warp `w` of `warps` takes items w, w + warps, ... Items [0, T) are this rank's tokens: each
+ * token row is read once and written to the rows of its slots here (reading it once per row
+ * instead read every token k times from HBM: fine-7b's forward dispatch took 285 us, its
+ * combine, which reads as many bytes as that dispatch writes, 160). The other items are groups
+ * of a->group routed rows: zeros on padding, other ranks' tokens pulled from their published x
+ * (dy); rows of this rank's tokens are skipped, the first kind wrote them. group is 32 at
+ * ep = 1, where every row but the padding is skipped, so a warp looks at 32 row_src at once;
+ * and 1 in a group, where most rows come from other ranks and each needs a warp of its own. */
+static __device__ void dispatch_warp(const dispatch_args *a, int w, int warps) {
+  /* Backward whose x rows are in place already (saved_open): dy alone, as the one tensor. */
+  const bool dy_only = a->x_rows && *a->x_rows;
+  const int rows = a->offsets[a->experts_local], vecs = a->H / 8, lane = threadIdx.x % 32;
+  const int group = a->group, items = a->T + (rows + group - 1) / group;
+  const int4 *x0 = (const int4 *)(dy_only ? a->src1 : a->src0);
+  const int4 *x1 = dy_only ? NULL : (const int4 *)a->src1;
+  int4 *y0 = (int4 *)(dy_only ? a->dst1 : a->dst0), *y1 = dy_only ? NULL : (int4 *)a->dst1;
+  for (; w < items; w += warps) {
+    if (w < a->T) {
+      for (int j0 = 0; j0 < a->k; j0 += 32) { /* this token's rows here, 32 slots at a time */
+        const int j = j0 + lane;
+        const int row = j < a->k ? a->slot_row[(size_t)w * a->k + j] : -1;
+        const unsigned here = __ballot_sync(0xffffffffu, row >= 0);
+        if (here) copy_row(x0, x1, (size_t)w * vecs, y0, y1, here, row, vecs);
+      }
+      continue;
+    }
+    const int r0 = (w - a->T) * group, r = r0 + lane;
+    const bool mine = lane < group && r < rows;
+    const int src = mine ? a->row_src[r] : 0;
+    const int owner = src >= 0 ? src / a->slots_cap : -1; /* -1: padding */
+    const unsigned todo = __ballot_sync(0xffffffffu, mine && owner != a->rank);
+    for (unsigned m = todo; m; m &= m - 1) {
+      const int l = __ffs(m) - 1;
+      const int o = __shfl_sync(0xffffffffu, owner, l), sl = __shfl_sync(0xffffffffu, src, l);
+      const int4 *p0 = o < 0 ? NULL : (const int4 *)(dy_only ? a->peers->dy[o] : a->peers->x[o]);
+      const int4 *p1 = o < 0 || dy_only ? NULL : (const int4 *)a->peers->dy[o];
+      copy_row(p0, p1, o < 0 ? 0 : (size_t)(sl % a->slots_cap / a->k) * vecs, y0, y1, 1u,
+               r0 + l, vecs);
+    }
+  }
+}
+
+/* Vector i of y: y[t] = bf16(((base[t] + slot[t,0]) + slot[t,1]) + ...), the slot rows loaded
+ * COMBINE_BATCH at a time and added in j order. */
+static __device__ void combine_vec(const combine_args *c, size_t i) {
+  const int vecs = c->H / 8, k = c->k;
+  const size_t t = i / vecs, v = i - t * vecs;
+  float acc[8];
+  if (c->base) {
+    const float4 *b = (const float4 *)(c->base + t * c->H + v * 8);
+    const float4 lo = b[0], hi = b[1];
+    acc[0] = lo.x, acc[1] = lo.y, acc[2] = lo.z, acc[3] = lo.w;
+    acc[4] = hi.x, acc[5] = hi.y, acc[6] = hi.z, acc[7] = hi.w;
+  } else {
+#pragma unroll
+    for (int e = 0; e < 8; e++) acc[e] = 0.0f;
+  }
+  const int4 *slots = (const int4 *)c->slots + t * k * vecs + v;
+  for (int j0 = 0; j0 < k; j0 += COMBINE_BATCH) {
+    int4 raw[COMBINE_BATCH];
+#pragma unroll
+    for (int u = 0; u < COMBINE_BATCH; u++)
+      if (j0 + u < k) raw[u] = slots[(size_t)(j0 + u) * vecs];
+#pragma unroll
+    for (int u = 0; u < COMBINE_BATCH; u++) {
+      if (j0 + u >= k) break;
+      const __nv_bfloat162 *p = (const __nv_bfloat162 *)&raw[u];
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        const float2 f = __bfloat1622float2(p[e]);
+        acc[2 * e] += f.x;
+        acc[2 * e + 1] += f.y;
+      }
+    }
+  }
+  int4 res;
+  __nv_bfloat162 *q = (__nv_bfloat162 *)&res;
+#pragma unroll
+  for (int e = 0; e < 4; e++) q[e] = __floats2bfloat162_rn(acc[2 * e], acc[2 * e + 1]);
+  ((int4 *)c->out)[i] = res;
+}
+
+#endif
