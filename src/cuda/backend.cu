@@ -119,7 +119,7 @@ typedef struct scratch_layout {
   size_t table;         /* ep_table: every rank's symmetric buffers */
   size_t flags;         /* u64 [2][EP_MAX]: barrier words the ranks write here (ep.cu) */
   size_t epoch;         /* u32: barriers passed */
-  size_t gsync;         /* u32 [2]: the grid barrier of the forward's launch (gemm_grid_sync) */
+  size_t gsync;         /* u32 [2]: the grid barrier of the phased launches (grid_sync) */
   size_t mark;          /* int32: NCCL group, EP_MARK + rank, read by every rank through the
                          * window when the workspace is made (ep_table_from_window) */
   size_t sym_tokens;    /* int32: published T */
@@ -668,7 +668,9 @@ static mok_status schedule(const call *c, const mok_forward_args *a) {
   s.row_weight = AT(c->saved, c->S.row_weight, float);
   s.slot_row = AT(c->saved, c->S.slot_row, int32_t);
   s.chunk_counts = AT(c->scratch, c->L->chunk_counts, int32_t);
-  CUDA_TRY(schedule_launch(&s, c->stream), "schedule");
+  s.sync = AT(c->scratch, c->L->gsync, unsigned);
+  /* As many blocks as a GEMM has CTAs (one an SM; a share of them for emulated ranks). */
+  CUDA_TRY(schedule_launch(&s, c->ws->ctx->gemm_ctas[0], c->stream), "schedule");
   return barrier(c, EP_CHECK);
 }
 

@@ -265,34 +265,6 @@ MOK_DEV gemm_smem *gemm_smem_init(char *raw, int ctas) {
   return sm;
 }
 
-/* ---- phases of one launch -------------------------------------------------------------------- */
-/* Every thread of every CTA of the grid (a cooperative launch: all resident) meets here between
- * two products of one launch, as it would at a kernel boundary: sync[0] counts the CTAs
- * arrived, sync[1] the barriers passed (the last to arrive resets the count, then releases the
- * new generation), both zero when the workspace is made and left so by every barrier. Thread 0
- * arrives for its CTA after the CTA's threads have fenced their stores (membar.gl, bar.sync,
- * then its own fence and an acq_rel add), and the last arrival releases what every arrival
- * acquired. The products after it read the ones before by TMA, so each thread's stores are
- * fenced into the async proxy first, and thread 0 fences again after its acquire. */
-MOK_DEV void gemm_grid_sync(unsigned *sync) {
-  fence_proxy_async_global();
-  __threadfence();
-  named_barrier_sync(3, GEMM_THREADS);
-  if (threadIdx.x == 0) {
-    __threadfence();
-    const unsigned gen = ld_acquire_gpu(&sync[1]); /* before this CTA arrives */
-    if (atom_add_acq_rel_gpu(&sync[0], 1u) == gridDim.x - 1) {
-      sync[0] = 0;
-      st_release_gpu(&sync[1], gen + 1);
-    } else {
-      while (ld_acquire_gpu(&sync[1]) == gen) __nanosleep(64);
-    }
-    __threadfence();
-    fence_proxy_async_global();
-  }
-  named_barrier_sync(3, GEMM_THREADS);
-}
-
 /* ---- epilogue: accumulator layout and row stores --------------------------------- */
 /* The m64n256 accumulator layout (PTX ISA 9.7.15.5.2, "Matrix fragments for wgmma.m64nNk16"):
  * thread l of warp q holds rows 16q + l/4 and 16q + l/4 + 8; for each 8-column group j,

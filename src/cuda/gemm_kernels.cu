@@ -359,7 +359,7 @@ KERNEL layer_forward(const __grid_constant__ layer_fwd f) {
   GEMM_SETUP
   if (blockIdx.x == 0 && threadIdx.x == 0) dispatch_marks(&f.d);
   dispatch_warp(&f.d, blockIdx.x * WARPS + threadIdx.x / 32, gridDim.x * WARPS);
-  gemm_grid_sync(f.sync);
+  grid_sync(f.sync, GEMM_THREADS);
   if (threadIdx.x / 128 == 0) {
     setmaxnreg_dec<40>();
     for (int i = 0; i < 2; i++) {
@@ -373,7 +373,7 @@ KERNEL layer_forward(const __grid_constant__ layer_fwd f) {
         }
       }
       if (i == 0 && !f.down) break;
-      gemm_grid_sync(f.sync);
+      grid_sync(f.sync, GEMM_THREADS);
     }
   } else {
     setmaxnreg_inc<232>();
@@ -387,7 +387,7 @@ KERNEL layer_forward(const __grid_constant__ layer_fwd f) {
         else GEMM_CONSUME(rowgroup_block_count(&g, GEMM_BN, CN), FWD_DOWN_TILE, 0, 0, epi_rows)
       }
       if (i == 0 && !f.down) break;
-      gemm_grid_sync(f.sync);
+      grid_sync(f.sync, GEMM_THREADS);
     }
     if (f.combine) {
       const size_t n = (size_t)f.c.T * (f.c.H / 8), stride = (size_t)gridDim.x * 256;

@@ -166,9 +166,11 @@ typedef struct sched_args {
   float *row_weight;           /* saved */
   int32_t *slot_row;           /* saved [slots]: row of each own slot here, -1: another rank's */
   int32_t *chunk_counts;       /* scratch [chunks, E_local] */
+  unsigned *sync;              /* the grid barrier's state (grid_sync), u32 [2] in the workspace */
 } sched_args;
 #define SCHED_CHUNK 1024       /* slots per block of the counting passes */
-cudaError_t schedule_launch(const sched_args *a, cudaStream_t stream);
+/* count, scan and place as phases of one cooperative launch of at most max_ctas blocks. */
+cudaError_t schedule_launch(const sched_args *a, int max_ctas, cudaStream_t stream);
 
 /* ---- row movement (rows.cu) ----------------------------------------------------------------- */
 /* Routed row r gets row row_src[r] % slots_cap / k of rank row_src[r] / slots_cap's src (zeros

@@ -89,6 +89,35 @@ MOK_DEV void st_release_gpu(unsigned *p, unsigned v) {
   asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
 
+/* ---- phases of one launch: a grid barrier ---------------------------------------------------- */
+/* Every thread of every CTA of the grid (a cooperative launch: all resident) meets here between
+ * two phases of one launch, as it would at a kernel boundary: sync[0] counts the CTAs
+ * arrived, sync[1] the barriers passed (the last to arrive resets the count, then releases the
+ * new generation), both zero when the workspace is made and left so by every barrier. Thread 0
+ * arrives for its CTA after the CTA's threads have fenced their stores (membar.gl, bar.sync,
+ * then its own fence and an acq_rel add), and the last arrival releases what every arrival
+ * acquired. A GEMM phase reads the phase before by TMA, so each thread's stores are fenced into
+ * the async proxy first, and thread 0 fences again after its acquire. `threads`: the CTA's (the
+ * CTA barrier is named barrier 3, which no other code uses). */
+MOK_DEV void grid_sync(unsigned *sync, uint32_t threads) {
+  fence_proxy_async_global();
+  __threadfence();
+  named_barrier_sync(3, threads);
+  if (threadIdx.x == 0) {
+    __threadfence();
+    const unsigned gen = ld_acquire_gpu(&sync[1]); /* before this CTA arrives */
+    if (atom_add_acq_rel_gpu(&sync[0], 1u) == gridDim.x - 1) {
+      sync[0] = 0;
+      st_release_gpu(&sync[1], gen + 1);
+    } else {
+      while (ld_acquire_gpu(&sync[1]) == gen) __nanosleep(64);
+    }
+    __threadfence();
+    fence_proxy_async_global();
+  }
+  named_barrier_sync(3, threads);
+}
+
 /* ---- mbarrier (9.7.13) -------------------------------------------------------------------- */
 MOK_DEV void mbarrier_init(uint64_t *bar, uint32_t count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)), "r"(count));

@@ -1,10 +1,11 @@
 /*
- * schedule.cu: builds the schedule on the GPU with no host round trip (DESIGN §2, step 1).
- *   count: each block histograms SCHED_CHUNK slots per local expert and validates ids;
+ * schedule.cu: builds the schedule on the GPU with no host round trip (DESIGN §2, step 1), in
+ * one launch of three phases with a grid barrier between them:
+ *   count: a block histograms SCHED_CHUNK slots (a chunk) per local expert and validates ids;
  *   scan:  one block turns chunk histograms into per-chunk bases, counts, padded offsets,
  *          the expert of every 128-row block, and marks padding rows; or, over the capacity,
  *          raises MOK_DEVERR_CAPACITY and writes nothing more;
- *   place: each slot's row = offsets[e] + chunk base + its rank among earlier slots of the
+ *   place: per chunk, each slot's row = offsets[e] + chunk base + its rank among earlier slots of the
  *          chunk with the same expert, so every expert's rows come in slot order (t*k + j);
  *          and the inverse for this rank's own slots (slot_row, -1 for another rank's expert).
  * With an EP group the chunks run over every rank's published ids, rank by rank, so the order is
@@ -14,6 +15,7 @@
  * bits) are used, so the schedule is identical run after run.
  */
 #include "cuda/kernels.h"
+#include "cuda/ptx.cuh"
 #include "internal.h"
 
 #define SCHED_THREADS 1024
@@ -43,24 +45,25 @@ static __device__ sched_slot slot_of(const sched_args *a, int chunk) {
   return s;
 }
 
-__global__ void __launch_bounds__(SCHED_THREADS) sched_count(sched_args a) {
-  extern __shared__ int hist[];
-  for (int e = threadIdx.x; e < a.experts_local; e += blockDim.x) hist[e] = 0;
+/* count of one chunk: its histogram over the local experts, in hist (shared, E_local). */
+static __device__ void count_chunk(const sched_args *a, int chunk, int *hist) {
+  for (int e = threadIdx.x; e < a->experts_local; e += blockDim.x) hist[e] = 0;
   __syncthreads();
-  const sched_slot sl = slot_of(&a, blockIdx.x);
+  const sched_slot sl = slot_of(a, chunk);
   if (sl.f < sl.n) {
     int id = sl.ids[sl.f];
-    if (!id_valid(id, a.experts)) {
-      atomicOr(a.status, MOK_DEVERR_EXPERT_ID);
-      atomicOr(a.sticky, MOK_DEVERR_EXPERT_ID);
+    if (!id_valid(id, a->experts)) {
+      atomicOr(a->status, MOK_DEVERR_EXPERT_ID);
+      atomicOr(a->sticky, MOK_DEVERR_EXPERT_ID);
     } else {
-      int e = id - a.expert_base;
-      if (e >= 0 && e < a.experts_local) atomicAdd(&hist[e], 1);
+      int e = id - a->expert_base;
+      if (e >= 0 && e < a->experts_local) atomicAdd(&hist[e], 1);
     }
   }
   __syncthreads();
-  for (int e = threadIdx.x; e < a.experts_local; e += blockDim.x)
-    a.chunk_counts[(size_t)blockIdx.x * a.experts_local + e] = hist[e];
+  for (int e = threadIdx.x; e < a->experts_local; e += blockDim.x)
+    a->chunk_counts[(size_t)chunk * a->experts_local + e] = hist[e];
+  __syncthreads(); /* hist is zeroed again for the next chunk */
 }
 
 /* Exclusive prefix sum over the block (one value per thread); returns the block total too. */
@@ -111,7 +114,9 @@ static __device__ int scan_chunks(int *chunk_counts, int E, int e, int c0, int c
   return run;
 }
 
-__global__ void __launch_bounds__(SCHED_THREADS) sched_scan(sched_args a, int chunks) {
+/* scan, by one block. */
+static __device__ void scan_block(const sched_args *pa, int chunks) {
+  const sched_args &a = *pa;
   __shared__ int part[SCHED_THREADS]; /* [group][expert column]: a group's sum of its chunks */
   const int E = a.experts_local;
   if (threadIdx.x == 0) a.status[MOK_STATUS_TOKENS] = a.slots / a.top_k; /* backward checks it */
@@ -177,14 +182,14 @@ __global__ void __launch_bounds__(SCHED_THREADS) sched_scan(sched_args a, int ch
   }
 }
 
-__global__ void __launch_bounds__(SCHED_THREADS) sched_place(sched_args a) {
-  extern __shared__ int next_row[]; /* [E_local]: next free row of each expert in this chunk */
-  if (*a.status & MOK_DEVERR_CAPACITY) return; /* the offsets were not written */
+/* place of one chunk; next_row (shared, E_local): the next free row of each expert in it. */
+static __device__ void place_chunk(const sched_args *pa, int chunk, int *next_row) {
+  const sched_args &a = *pa;
   for (int e = threadIdx.x; e < a.experts_local; e += blockDim.x)
-    next_row[e] = a.offsets[e] + a.chunk_counts[(size_t)blockIdx.x * a.experts_local + e];
+    next_row[e] = a.offsets[e] + a.chunk_counts[(size_t)chunk * a.experts_local + e];
   __syncthreads();
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const sched_slot sl = slot_of(&a, blockIdx.x);
+  const sched_slot sl = slot_of(&a, chunk);
   int key = -1; /* local expert, or -1: not ours / invalid / past the end */
   if (sl.f < sl.n) {
     int id = sl.ids[sl.f];
@@ -217,20 +222,35 @@ __global__ void __launch_bounds__(SCHED_THREADS) sched_place(sched_args a) {
   }
 }
 
-cudaError_t schedule_launch(const sched_args *a, cudaStream_t stream) {
-  const int chunks = a->ranks * a->chunks_per_rank;
-  size_t smem = (size_t)a->experts_local * sizeof(int);
-  sched_count<<<chunks, SCHED_THREADS, smem, stream>>>(*a);
-  sched_scan<<<1, SCHED_THREADS, 0, stream>>>(*a, chunks);
-  sched_place<<<chunks, SCHED_THREADS, smem, stream>>>(*a);
-  return cudaGetLastError();
+/* The three steps as phases of one cooperative launch, each block taking chunks blockIdx.x,
+ * blockIdx.x + gridDim.x, ..., with every block at a grid barrier between them. */
+__global__ void __launch_bounds__(SCHED_THREADS, 1) schedule(sched_args a, int chunks) {
+  extern __shared__ int per_expert[]; /* [E_local]: count's hist, place's next_row */
+  for (int c = blockIdx.x; c < chunks; c += gridDim.x) count_chunk(&a, c, per_expert);
+  grid_sync(a.sync, SCHED_THREADS);
+  if (blockIdx.x == 0) scan_block(&a, chunks);
+  grid_sync(a.sync, SCHED_THREADS);
+  if (*a.status & MOK_DEVERR_CAPACITY) return; /* the offsets were not written */
+  for (int c = blockIdx.x; c < chunks; c += gridDim.x) place_chunk(&a, c, per_expert);
 }
 
-/* Loads the kernels of this file now (see ep_preload in kernels.h for why). */
+cudaError_t schedule_launch(const sched_args *a, int max_ctas, cudaStream_t stream) {
+  const int chunks = a->ranks * a->chunks_per_rank;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(chunks < max_ctas ? chunks : max_ctas);
+  cfg.blockDim = dim3(SCHED_THREADS);
+  cfg.dynamicSmemBytes = (size_t)a->experts_local * sizeof(int);
+  cfg.stream = stream;
+  cudaLaunchAttribute attr;
+  attr.id = cudaLaunchAttributeCooperative; /* every block resident: the grid barriers */
+  attr.val.cooperative = 1;
+  cfg.attrs = &attr;
+  cfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&cfg, schedule, *a, chunks);
+}
+
+/* Loads the kernel of this file now (see ep_preload in kernels.h for why). */
 cudaError_t schedule_preload(void) {
   cudaFuncAttributes a;
-  cudaError_t e = cudaFuncGetAttributes(&a, (const void *)sched_count);
-  if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, (const void *)sched_scan);
-  if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, (const void *)sched_place);
-  return e;
+  return cudaFuncGetAttributes(&a, (const void *)schedule);
 }
