@@ -6,19 +6,19 @@ each moves a rank's remote rows, and the two tables ep.md holds."""
 # how many times per forward+backward they move a rank's remote rows, note). The profiler names
 # kernels with their arguments ("dispatch_rows(dispatch_args, int)"), so names are matched by
 # their start or by a part.
-#   mok: dispatch_rows pulls x (forward), x and dy (backward). Combine has no kernel: the down
-#   GEMM's forward epilogue and the gate/up dgrad's epilogue push each row to its token's rank,
-#   y and dx, so its rate is taken over the whole time of the launches they run in (the
-#   forward's, gemm_forward, also runs gate/up; they all compute, and the shared expert's run
-#   under the same names): a lower bound.
+#   mok: dispatch_rows pulls the backward's x and dy. The forward's dispatch runs in its layer
+#   launch (layer_forward), and combine has no kernel: the down GEMM's forward epilogue and the
+#   gate/up dgrad's epilogue push each row to its token's rank, y and dx. So the forward's x,
+#   y and the backward's dx are rated together over the whole time of the launches they run
+#   in (layer_forward, gemm_dgrad_gateup; the GEMMs compute there too): a lower bound.
 #   all_to_all + grouped_mm: NCCL's all-to-all kernels carry the rows out and back, forward and
 #   backward; dispatch and combine share the kernel names, so they are counted together.
 MOVERS = {
     "mok": [
-        ("dispatch", lambda k: k.startswith("dispatch_rows"), 3, ""),
-        ("combine", lambda k: "gemm_forward" in k or "gemm_dgrad_gateup" in k, 2,
-         "in the down and gate/up dgrad GEMMs' epilogues: GB/s over their launches, a lower "
-         "bound"),
+        ("dispatch", lambda k: k.startswith("dispatch_rows"), 2, "the backward's x and dy"),
+        ("combine", lambda k: "layer_forward" in k or "gemm_dgrad_gateup" in k, 3,
+         "the forward's dispatch and combine, the backward's combine, in the layer launch and the "
+         "gate/up dgrad: GB/s over those launches, a lower bound"),
     ],
     "all_to_all + grouped_mm": [
         ("dispatch + combine",

@@ -47,9 +47,10 @@ def table(shape_name, text):
         g = iter(gemms)
         for name, us in part:
             short = re.sub(r"^void |\(.*$", "", name)
-            if short.startswith("gemm_forward"):  # every forward product, phases of one launch
+            if short.startswith("layer_forward"):  # every forward product, phases of one launch
                 rest = list(g)
-                label, flops = " + ".join(l for l, _ in rest), sum(f for _, f in rest)
+                label = " + ".join(["dispatch"] + [l for l, _ in rest] + ["combine"])
+                flops = sum(f for _, f in rest)
             else:
                 label, flops = next(g, ("?", 0)) if short.startswith("gemm_") else (short, 0)
             rows.append((direction, label, short, us, flops / us / 1e6 if flops else None))

@@ -7,9 +7,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tools"))
 import kernel_times  # noqa: E402
 
-FWD = ["sched_count(sched_args)", "sched_scan(sched_args, int)", "sched_place(sched_args)",
-       "dispatch_rows(int const*)", "void gemm_forward<1>(gemm_fwd_set)",
-       "combine_rows(int const*)"]
+FWD = ["schedule(sched_args, int)", "void layer_forward<1>(layer_fwd)"]
 BWD = ["saved_open(int const*)", "dispatch_rows(int const*)", "void gemm_dgrad_down<2>(gemm_args)",
        "void gemm_wgrad<2>(gemm_args)", "void gemm_dgrad_gateup<2>(gemm_args)",
        "void gemm_wgrad<2>(gemm_args)", "combine_rows(int const*)", "router_grad(int const*)"]
@@ -23,7 +21,7 @@ def fake_ncu(names_us):
             f'"Command line profiler metrics","gpu__time_duration.sum","usecond","{us}"'
             for i, (n, us) in enumerate(names_us)]
     return "\n".join(["mok 0.1.0 bench: fine-7b", "==PROF== Connected", head] + rows +
-                     ["  kernels per call (CUDA graph kernel nodes): forward 6, backward 8"])
+                     ["  kernels per call (CUDA graph kernel nodes): forward 2, backward 8"])
 
 
 def test_kernel_times_labels_one_call():
@@ -32,9 +30,10 @@ def test_kernel_times_labels_one_call():
     out = kernel_times.table("fine-7b", text)
     s = next(x for x in kernel_times.SHAPES if x.name == "fine-7b")
     r = 2 * s.T * s.k * s.H * s.I
-    assert (f"| forward | gate/up + down | gemm_forward<1> | 10.0 | {3 * r / 10.0 / 1e6:.0f} |"
-            in out)
+    assert (f"| forward | dispatch + gate/up + down + combine | layer_forward<1> | 10.0 | "
+            f"{3 * r / 10.0 / 1e6:.0f} |" in out)
+    assert "| forward | schedule | schedule | 10.0 |  |" in out
     assert f"| backward | gate/up wgrad | gemm_wgrad<2> | 20.0 | {2 * r / 20.0 / 1e6:.0f} |" in out
     assert "| backward | down wgrad | gemm_wgrad<2> |" in out
-    assert "| forward | all |  | 60.0 |  |" in out and "| backward | all |  | 160.0 |  |" in out
+    assert "| forward | all |  | 20.0 |  |" in out and "| backward | all |  | 160.0 |  |" in out
     assert "99.0" not in out
