@@ -18,40 +18,50 @@ GEMM, ROWS, SCHED, SYNC, MMA, TMA = "#4c78a8", "#f58518", "#72b7b2", "#b279a2", 
 
 
 def calls(s):
-    """The kernels of forward and backward at ep = 1, in stream order: (label, kind, FLOPs)."""
+    """The launches of forward and backward at ep = 1, in order, each a list of its steps
+    (label, kind, FLOPs): the forward's two run their steps as phases; the backward's kernels
+    are a launch each."""
     fwd_g, bwd_g = gemm_products(s)
-    fwd = [("count", SCHED, 0), ("scan", SCHED, 0), ("place", SCHED, 0), ("dispatch x", ROWS, 0)] + \
-        [(n, GEMM, f) for n, f in fwd_g] + [("combine", ROWS, 0)]
-    bwd = [("saved_open", SYNC, 0), ("dispatch x, dy", ROWS, 0)] + \
-        [(n, GEMM, f) for n, f in bwd_g] + [("combine", ROWS, 0), ("router grad", ROWS, 0)]
+    gemm = lambda ps: [(n, GEMM, f) for n, f in ps]  # noqa: E731
+    fwd = [[("count", SCHED, 0), ("scan", SCHED, 0), ("place", SCHED, 0)],
+           [("dispatch x", ROWS, 0)] + gemm(fwd_g) + [("combine", ROWS, 0)]]
+    bwd = [[k] for k in [("saved_open", SYNC, 0), ("dispatch x, dy", ROWS, 0)] + gemm(bwd_g) +
+           [("combine", ROWS, 0), ("router grad", ROWS, 0)]]
     return fwd, bwd
 
 
 def timeline(ax, s):
     fwd, bwd = calls(s)
     small = 0.16
-    total = sum(g for _, _, g in bwd)
-    scale = 7.2 / total   # the backward's GEMMs fill the width
+    total = sum(g for launch in bwd for _, _, g in launch)
+    scale = 7.0 / total   # the backward's GEMMs fill the width
     for y, (name, seq) in [(0.0, ("backward", bwd)), (1.3, ("forward", fwd))]:
         x = 0.0
-        for label, color, g in seq:
-            w = g * scale if g else small
-            ax.add_patch(Rectangle((x, y), w, 0.7, facecolor=color, edgecolor="white"))
-            if label.startswith("shared"):   # too narrow to name: the shared expert's products
-                ax.text(x + w / 2, y + 0.35, "shared", ha="center", va="center", fontsize=5,
-                        color="white", rotation=90)
-            elif w > 0.35:
-                ax.text(x + w / 2, y + 0.35, label, ha="center", va="center", fontsize=7,
-                        color="white")
-            else:
-                ax.text(x + w / 2, y + 0.75, label, ha="left", va="bottom", rotation=45, fontsize=6)
-            x += w
+        for launch in seq:
+            x0 = x
+            for label, color, g in launch:
+                w = g * scale if g else small
+                ax.add_patch(Rectangle((x, y), w, 0.7, facecolor=color, edgecolor="white"))
+                if label.startswith("shared"):   # too narrow to name: the shared expert's
+                    ax.text(x + w / 2, y + 0.35, "shared", ha="center", va="center", fontsize=5,
+                            color="white", rotation=90)
+                elif w > 0.35:
+                    ax.text(x + w / 2, y + 0.35, label, ha="center", va="center", fontsize=7,
+                            color="white")
+                else:
+                    ax.text(x + w / 2, y + 0.75, label, ha="left", va="bottom", rotation=45,
+                            fontsize=6)
+                x += w
+            ax.add_patch(Rectangle((x0, y - 0.05), x - x0, 0.8, fill=False, edgecolor="black",
+                                   lw=1.2))
+            x += 0.04
         ax.text(-0.1, y + 0.35, name, ha="right", va="center", fontsize=9)
     ax.set_xlim(-1.0, 9.6)
     ax.set_ylim(-0.2, 2.75)
     ax.axis("off")
-    ax.set_title(f"a) one call at ep = 1, {s.name} (with a shared expert), in stream order; GEMM "
-                 "widths are FLOPs, the other kernels are not to scale", fontsize=9, loc="left")
+    ax.set_title(f"a) one call at ep = 1, {s.name} (with a shared expert): its launches (black "
+                 "outlines) in order, the forward's two as phases; GEMM widths are FLOPs, the "
+                 "other steps are not to scale", fontsize=8, loc="left")
     for i, (c, t) in enumerate([(SCHED, "schedule"), (ROWS, "row movement"), (GEMM, "GEMM"),
                                 (SYNC, "saved check")]):
         ax.add_patch(Rectangle((4.6 + 1.25 * i, 2.55), 0.15, 0.14, facecolor=c))
