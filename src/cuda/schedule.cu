@@ -5,9 +5,10 @@
  *   scan:  one block turns chunk histograms into per-chunk bases, counts, padded offsets,
  *          the expert of every 128-row block, and marks padding rows; or, over the capacity,
  *          raises MOK_DEVERR_CAPACITY and writes nothing more;
- *   place: per chunk, each slot's row = offsets[e] + chunk base + its rank among earlier slots of the
- *          chunk with the same expert, so every expert's rows come in slot order (t*k + j);
- *          and the inverse for this rank's own slots (slot_row, -1 for another rank's expert).
+ *   place: per chunk, each slot's row = offsets[e] + chunk base + its rank among earlier slots
+ *          of the chunk with the same expert, so every expert's rows come in slot order
+ *          (t*k + j); and the inverse for this rank's own slots (slot_row, -1 for another
+ *          rank's expert).
  * With an EP group the chunks run over every rank's published ids, rank by rank, so the order is
  * (source rank, t, j) and row_src = rank * slots_cap + t*k + j; every rank checks every id, so
  * all of them agree on a bad one.
