@@ -352,6 +352,30 @@ KERNEL gemm_dgrad_gateup(const __grid_constant__ gemm_args g) {
 #define FWD_DOWN_LOAD                                                                        \
   (load_a_kmajor(&g, sa, bar, &tl, rank, CN, kb * 64),                                       \
    load_b_kmajor(sb, bar, &tl, rank, &g.b0, tl.n0, &g.b0, tl.n0 + 128, kb * 64))
+#define PRODUCE_FWD_GATEUP                                                                   \
+  GEMM_PRODUCE(rowgroup_block_count(&g, GEMM_BN_GATEUP, CN), FWD_GATEUP_TILE, FWD_GATEUP_LOAD)
+#define CONSUME_FWD_GATEUP                                                                   \
+  GEMM_CONSUME(rowgroup_block_count(&g, GEMM_BN_GATEUP, CN), FWD_GATEUP_TILE, 0, 0,         \
+               epi_swiglu_fwd)
+#define PRODUCE_FWD_DOWN                                                                     \
+  GEMM_PRODUCE(rowgroup_block_count(&g, GEMM_BN, CN), FWD_DOWN_TILE, FWD_DOWN_LOAD)
+#define CONSUME_FWD_DOWN                                                                     \
+  GEMM_CONSUME(rowgroup_block_count(&g, GEMM_BN, CN), FWD_DOWN_TILE, 0, 0, epi_rows)
+/* The products in order, by one side (the threads where WHO holds; PRODUCE or CONSUME: both
+ * walk the same ones): gate/up (p[0], the shared expert's p[1]), then every thread at a grid
+ * barrier, then down (p[2], p[3]) and a grid barrier before combine; a recompute stops after
+ * gate/up. */
+#define FWD_PRODUCTS(WHO, SIDE)                                                              \
+  for (int i = 0; i < 2; i++) {                                                              \
+    if (WHO) {                                                                               \
+      for (int j = 2 * i; j < 2 * i + 1 + f.shared; j++) {                                   \
+        const gemm_args &g = f.p[j];                                                         \
+        if (i == 0) SIDE##_FWD_GATEUP else SIDE##_FWD_DOWN                                   \
+      }                                                                                      \
+    }                                                                                        \
+    if (i == 0 && !f.down) break;                                                            \
+    grid_sync(f.sync, GEMM_THREADS);                                                         \
+  }
 #define WARPS (GEMM_THREADS / 32)
 
 KERNEL layer_forward(const __grid_constant__ layer_fwd f) {
@@ -362,33 +386,12 @@ KERNEL layer_forward(const __grid_constant__ layer_fwd f) {
   grid_sync(f.sync, GEMM_THREADS);
   if (threadIdx.x / 128 == 0) {
     setmaxnreg_dec<40>();
-    for (int i = 0; i < 2; i++) {
-      if (threadIdx.x == 0) {
-        for (int j = 2 * i; j < 2 * i + 1 + f.shared; j++) {
-          const gemm_args &g = f.p[j];
-          if (i == 0) GEMM_PRODUCE(rowgroup_block_count(&g, GEMM_BN_GATEUP, CN),
-                                   FWD_GATEUP_TILE, FWD_GATEUP_LOAD)
-          else GEMM_PRODUCE(rowgroup_block_count(&g, GEMM_BN, CN), FWD_DOWN_TILE,
-                            FWD_DOWN_LOAD)
-        }
-      }
-      if (i == 0 && !f.down) break;
-      grid_sync(f.sync, GEMM_THREADS);
-    }
+    FWD_PRODUCTS(threadIdx.x == 0, PRODUCE)
   } else {
     setmaxnreg_inc<232>();
     const int cw = threadIdx.x / 128 - 1;
     float d[128];
-    for (int i = 0; i < 2; i++) {
-      for (int j = 2 * i; j < 2 * i + 1 + f.shared; j++) {
-        const gemm_args &g = f.p[j];
-        if (i == 0) GEMM_CONSUME(rowgroup_block_count(&g, GEMM_BN_GATEUP, CN), FWD_GATEUP_TILE,
-                                 0, 0, epi_swiglu_fwd)
-        else GEMM_CONSUME(rowgroup_block_count(&g, GEMM_BN, CN), FWD_DOWN_TILE, 0, 0, epi_rows)
-      }
-      if (i == 0 && !f.down) break;
-      grid_sync(f.sync, GEMM_THREADS);
-    }
+    FWD_PRODUCTS(true, CONSUME)
     if (f.combine) {
       const size_t n = (size_t)f.c.T * (f.c.H / 8), stride = (size_t)gridDim.x * 256;
       for (size_t v = blockIdx.x * 256 + threadIdx.x - 128; v < n; v += stride)
@@ -480,10 +483,9 @@ cudaError_t gemm_launch(gemm_kind kind, const gemm_args *g, int max_ctas, cudaSt
 
 /* Every CTA that can be resident: the row phases use them all. */
 cudaError_t layer_forward_launch(const layer_fwd *f, int ctas, cudaStream_t stream) {
-  const int cn = f->p[0].cn;
+  const int cn = f->p[0].cn, on[4] = {1, f->shared, f->down, f->down && f->shared};
   for (int j = 1; j < 4; j++)
-    if (!((j % 2 && !f->shared) || (j >= 2 && !f->down)) && f->p[j].cn != cn)
-      return cudaErrorInvalidValue; /* one cluster shape a launch */
+    if (on[j] && f->p[j].cn != cn) return cudaErrorInvalidValue; /* one cluster shape a launch */
   cudaLaunchAttribute attr[2];
   cudaLaunchConfig_t cfg = launch_config(ctas, GEMM_CM * cn, stream, &attr[0]);
   /* Cooperative: every CTA resident at once, or no launch, as the grid barrier needs (a CTA

@@ -136,7 +136,6 @@ cudaError_t gemm_init(int max_ctas[2]);
 /* Launches on at most `ctas` CTAs (a multiple of 2 x cn); the grid never changes a bit. */
 cudaError_t gemm_launch(gemm_kind kind, const gemm_args *g, int ctas, cudaStream_t stream);
 
-
 /* ---- tensor maps (tma.cu) ------------------------------------------------------------------- */
 /* Looks up the driver's encoder; 0 on success. Called at context creation, outside any capture. */
 int tma_init(void);
