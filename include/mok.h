@@ -123,7 +123,7 @@ typedef struct mok_context_config {
   int sms;      /* CUDA: multiprocessors the persistent kernels spread over; 0 = all.
                  * A tuning knob: it never changes a bit of any result (DESIGN §3, D2). */
   int cluster;  /* CUDA: CTAs per cluster of every GEMM: 2 (2 x 1 output tiles, which share their
-                 * B tile) or 4 (2 x 2 tiles, which also share A); 0 = chosen per product
+                 * B tile) or 4 (2 x 2 tiles, which also share A); 0 = the default, 2
                  * (DESIGN §2.2). A tuning knob: it never changes a bit of any result. */
   mok_ep_group *group; /* the EP group (its size is ep_size); NULL when ep_size = 1, or an
                         * NCCL group of one rank */

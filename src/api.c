@@ -47,7 +47,7 @@ mok_status mok_context_create(const mok_context_config *cfg, mok_context **out) 
   CHECK_ARG(cfg->threads >= 0, "threads is %d; expected >= 0 (0 = all cores)", cfg->threads);
   CHECK_ARG(cfg->sms >= 0, "sms is %d; expected >= 0 (0 = all multiprocessors)", cfg->sms);
   CHECK_ARG(cfg->cluster == 0 || cfg->cluster == 2 || cfg->cluster == 4,
-            "cluster is %d; expected 2, 4 or 0 (chosen per product)", cfg->cluster);
+            "cluster is %d; expected 2, 4 or 0 (2)", cfg->cluster);
   if (cfg->ep_size > 1 || cfg->group) {
     CHECK_ARG(cfg->group != NULL,
               "ep_size is %d but group is NULL; expected an EP group of ep_size ranks "

@@ -119,7 +119,7 @@ def cluster(ax):
     ax.text(2.45, 0.05, "same M row: A multicast (cn = 2)", fontsize=7, ha="center")
     ax.text(4.0, 1.6, "a cluster of 2 x cn CTAs\ntakes a block of 2 x cn tiles;\nevery stage is "
             "released in\nevery CTA, so they walk\nthe k-loop in step\n(a CTA with no tile: "
-            "phantom)\n\nby default forward 2 x 1,\nbackward 2 x 2 when its\nN tile count is even\n(emulated ranks: 2 x 1)",
+            "phantom)\n\nby default 2 x 1 (cn = 1);\n2 x 2 by the context's\ncluster knob",
             fontsize=7, va="center")
     ax.set_xlim(0, 6.5)
     ax.set_ylim(-0.1, 2.8)

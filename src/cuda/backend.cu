@@ -99,7 +99,7 @@ static mok_status cuda_context_init(mok_context *ctx) {
    * for every SM, a peer's GEMM could wait for its last CTA forever. So each rank's GEMMs get an
    * equal share of the clusters left when every rank's barrier spoils one cluster's place (a
    * cluster must fit in one GPC: 4 ranks' GEMMs of 8 clusters of 4 each hung on the H200). They
-   * run clusters of 2 only (cluster_shape). */
+   * run clusters of 2 (cluster_shape). */
   const int R = ctx->cfg.group && !ctx->cfg.group->nccl ? ctx->cfg.ep_size : 0;
   for (int i = 0; i < 2; i++) {
     const int C = GEMM_CM * (i + 1);
@@ -482,22 +482,15 @@ static mok_status map3(CUtensorMap *m, const void *p, int64_t b, int64_t rows, i
   return MOK_OK;
 }
 
-/* The cluster shape of a product (gemm.cuh): the context's knob, or chosen here. Clusters of
- * 2 x 2 CTAs move a quarter less data from L2 to the SMs than 2 x 1, but only 30 of them fit on
- * an H200 (120 CTAs), and a product with an odd number of N tiles leaves two CTAs of the last
- * cluster of each block row idle. Measured (DESIGN §2.2): at 2 x 2 the backward as a whole, run
- * back to back, is faster on the large shapes (per kernel in isolation only dgrad_gateup gains
- * clearly), the forward slower. The backward products' N tiles are GEMM_BN wide; the forward's
- * are not counted, they always take 2 x 1. Emulated ranks always take 2 x 1: their GEMMs share
- * one GPU, where clusters of 4 of several ranks were not tested to fit at once
- * (mok_context_create refuses the knob at 4 for them). Sets g->cn. */
-static void cluster_shape(const call *c, gemm_kind kind, gemm_args *g) {
-  const mok_context_config *cfg = &c->ws->ctx->cfg;
-  const int n_tiles = (g->n + GEMM_BN - 1) / GEMM_BN;
-  const int backward = kind != GEMM_FWD_GATEUP && kind != GEMM_FWD_DOWN;
-  if (cfg->cluster) g->cn = cfg->cluster / GEMM_CM;
-  else if (cfg->group && !cfg->group->nccl) g->cn = 1;
-  else g->cn = backward && n_tiles % 2 == 0 ? 2 : 1;
+/* The cluster shape of every product (gemm.cuh): the context's knob, else 2 x 1 CTAs. Clusters
+ * of 2 x 2 move a quarter less data from L2 to the SMs, but only 30 of them fit on an H200 (120
+ * CTAs) and a product with an odd number of N tiles leaves two CTAs of a cluster idle. Measured
+ * side by side (DESIGN §2.2), 2 x 1 made the backward 4-7 % faster than 2 x 2 on the four large
+ * shapes and forward + backward faster on all six. Emulated ranks get 2 x 1 too: the context
+ * refuses the knob at 4 for them. Sets g->cn. */
+static void cluster_shape(const call *c, gemm_args *g) {
+  const int cluster = c->ws->ctx->cfg.cluster;
+  g->cn = cluster ? cluster / GEMM_CM : 1;
 }
 
 static mok_status run(const call *c, gemm_kind kind, const gemm_args *g, const char *what) {
@@ -541,7 +534,7 @@ static mok_status gateup_fwd(const call *c, int routed, const void *a, const voi
   g.row_weight = routed ? AT(c->saved, c->S.row_weight, float) : NULL;
   g.out0 = gu;
   g.out1 = hw;
-  cluster_shape(c, GEMM_FWD_GATEUP, &g);
+  cluster_shape(c, &g);
   TRY(map2(&g.a, a, rows, c->H, GEMM_BM / g.cn));
   *out = g;
   return MOK_OK;
@@ -562,7 +555,7 @@ static mok_status down_fwd(const call *c, int routed, const void *a, const void 
   g.row_src = routed ? AT(c->saved, c->S.row_src, int32_t) : NULL;
   g.out0 = out;
   g.ld_out = c->H;
-  cluster_shape(c, GEMM_FWD_DOWN, &g);
+  cluster_shape(c, &g);
   TRY(map2(&g.a, a, rows, I, GEMM_BM / g.cn));
   *args = g;
   return MOK_OK;
@@ -584,7 +577,7 @@ static mok_status down_dgrad(const call *c, int routed, const void *a, const voi
   g.gu_in = (const __nv_bfloat16 *)gu;
   g.out0 = dgu;
   g.peer_aux = part ? table_of(c)->dtw : NULL;
-  cluster_shape(c, GEMM_DGRAD_DOWN, &g);
+  cluster_shape(c, &g);
   TRY(map2(&g.a, a, rows, c->H, GEMM_BM / g.cn));
   return run(c, GEMM_DGRAD_DOWN, &g, "down dgrad");
 }
@@ -605,7 +598,7 @@ static mok_status gateup_dgrad(const call *c, int routed, const void *dgu, const
   g.row_src = routed ? AT(c->saved, c->S.row_src, int32_t) : NULL;
   g.out0 = out;
   g.ld_out = c->H;
-  cluster_shape(c, GEMM_DGRAD_GATEUP, &g);
+  cluster_shape(c, &g);
   TRY(map2(&g.a, dgu, rows, 2 * I, GEMM_BM / g.cn));
   return run(c, GEMM_DGRAD_GATEUP, &g, "gate/up dgrad");
 }
@@ -632,7 +625,7 @@ static mok_status wgrad(const call *c, int routed, const void *a, int64_t M, con
   g.out1 = out1;
   g.ld_out = (int)N;
   g.accumulate = accumulate;
-  cluster_shape(c, GEMM_WGRAD, &g);
+  cluster_shape(c, &g);
   return run(c, GEMM_WGRAD, &g, "weight gradient");
 }
 

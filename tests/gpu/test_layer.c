@@ -312,7 +312,7 @@ static void repeat_and_knobs(void) {
       same_bits("D1 saved", b.saved, a.saved, a.saved_bytes);
     }
     const int knobs[][2] = {/* sms, cluster */
-                            {97, 0}, {33, 0}, {8, 0}, {1, 0}, {0, 2}, {0, 4}, {33, 4}, {1, 4}};
+                            {97, 0}, {33, 0}, {8, 0}, {1, 0}, {0, 4}, {33, 4}, {8, 4}, {1, 4}};
     for (size_t i = 0; i < sizeof knobs / sizeof knobs[0]; i++) {
       mok_context_config k = MOK_CONTEXT_CONFIG_INIT;
       k.sms = knobs[i][0], k.cluster = knobs[i][1];
