@@ -119,9 +119,10 @@ static void compare_bits(const char *tag, const harness *a, const harness *b, mo
 /* Runs the layer on the CPU (into ref) and the GPU (into out), both from poisoned outputs.
  * Returns 0, after recording the failure, when the GPU layer could not be set up: then there is
  * nothing to compare (ref's poisoned offsets are no row count). */
-static int run_both(harness *ref, harness *out, mok_grad_mode mode) {
+static int run_both(harness *ref, harness *out, mok_grad_mode mode,
+                    const mok_context_config *knobs) {
   gpu_layer d;
-  if (!gpu_init(&d, ref, ref->T, NULL)) {
+  if (!gpu_init(&d, ref, ref->T, knobs)) {
     gpu_fini(&d);
     return 0;
   }
@@ -152,7 +153,12 @@ static const small_case small_cases[] = {
     {65, 64, 64, 0, 48, 40},    {2100, 64, 64, 0, 1500, 4}, {2100, 64, 64, 0, 48, 16},
 };
 
+/* Each case twice: bf16 weight gradients in clusters of 2 x 1 (the default), fp32 main-grad
+ * accumulation in clusters of 2 x 2 (the knob), so the sanitizers, which run this test, see both
+ * cluster shapes. */
 static void layer_vs_cpu(void) {
+  mok_context_config k4 = MOK_CONTEXT_CONFIG_INIT;
+  k4.cluster = 4;
   for (size_t c = 0; c < sizeof small_cases / sizeof small_cases[0]; c++) {
     const small_case *sc = &small_cases[c];
     for (int m = 0; m < 2; m++) {
@@ -165,8 +171,8 @@ static void layer_vs_cpu(void) {
         char tag[96];
         snprintf(tag, sizeof tag, "T%lld H%lld I%lld Is%lld E%d k%d %s", (long long)sc->T,
                  (long long)sc->H, (long long)sc->I, (long long)sc->Is, sc->E, sc->k,
-                 m ? "f32acc" : "bf16");
-        if (run_both(&ref, &out, mode)) {
+                 m ? "f32acc 2x2" : "bf16 2x1");
+        if (run_both(&ref, &out, mode, m ? &k4 : NULL)) {
           compare_schedule(tag, &out, &ref);
           compare_outputs(tag, &out, &ref, mode);
         }
@@ -195,7 +201,7 @@ static void routing_edges(void) {
         }
       char tag[32];
       snprintf(tag, sizeof tag, "routing variant %d", variant);
-      if (run_both(&ref, &out, MOK_GRAD_WRITE_BF16)) {
+      if (run_both(&ref, &out, MOK_GRAD_WRITE_BF16, NULL)) {
         compare_schedule(tag, &out, &ref);
         compare_outputs(tag, &out, &ref, MOK_GRAD_WRITE_BF16);
       }
