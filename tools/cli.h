@@ -45,7 +45,7 @@ typedef struct cli_options {
   uint64_t seed;            /* --seed, default 1 */
   int threads;              /* --threads, default 0 (all cores) */
   int sms;                  /* --sms, default 0 (all): mok_context_config.sms */
-  int cluster;              /* --cluster, default auto (0): mok_context_config.cluster */
+  int cluster;              /* --cluster, default auto (0, which is 2): mok_context_config.cluster */
   int ep;                   /* --ep, default 1: emulated expert-parallel ranks (CPU) */
   mok_grad_mode grad_mode;  /* --grad-mode, default bf16 */
   int check_tokens;         /* run --check-tokens, default 8 */

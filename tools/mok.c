@@ -313,8 +313,8 @@ static int write_json(const cli_options *o, double flops, stats f, stats b, cons
                  : cudaGetDeviceProperties(&p, o->device) == cudaSuccess ? p.name : "unknown");
   fprintf(j, ", \"threads\": %d, \"sms\": %d, \"cluster\": ",
           cuda ? 0 : o->threads ? o->threads : omp_get_max_threads(), cuda ? o->sms : 0);
-  if (cuda && o->cluster) fprintf(j, "%d", o->cluster);
-  else fprintf(j, "%s", cuda ? "\"auto\"" : "null");
+  if (cuda) fprintf(j, "%d", o->cluster ? o->cluster : 2); /* auto (0) is 2 */
+  else fprintf(j, "null");
   fprintf(j, ", \"seed\": %llu,\n", (unsigned long long)o->seed);
   fprintf(j, "  \"grad_mode\": \"%s\", \"ep\": %d, \"warmup\": %d, \"repeat\": %d,\n",
           o->grad_mode == MOK_GRAD_ACCUMULATE_F32 ? "f32" : "bf16", o->ep, o->warmup, o->repeat);

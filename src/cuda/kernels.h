@@ -89,9 +89,10 @@ typedef struct gemm_args {
   CUtensorMap b0;  /* B operand (gate weights for the gate/up kernels) */
   CUtensorMap b1;  /* up weights for the gate/up kernels; unused otherwise */
   int cn;          /* clusters of GEMM_CM x cn CTAs take as many tiles: the 2 tiles of an N column
-                    * share (multicast) B, the cn tiles of an M row share A (gemm.cuh). 1 or 2,
-                    * chosen per launch (backend.cu), which picks the kernel compiled for it. A
-                    * K-major A map has boxes of 128 / cn rows. */
+                    * share (multicast) B, the cn tiles of an M row share A (gemm.cuh). 1 or 2:
+                    * 1 unless the context's cluster knob asks for 2 x 2 (backend.cu), which
+                    * picks the kernel compiled for it. A K-major A map has boxes of 128 / cn
+                    * rows. */
 
   /* Tile space. Row-grouped kernels: M = routed rows grouped by expert (offsets, mblock_expert
    * from the schedule), or a plain T rows (offsets == NULL: one expert, m_tiles_max tiles).
