@@ -7,19 +7,18 @@
  * Warpgroup 0 produces (one thread issues TMA loads), warpgroups 1 and 2 consume: each computes
  * 64 rows x 256 columns with wgmma m64n256k16, 128 fp32 accumulators per thread.
  *
- * Clusters of 2 x cn CTAs (cn = 1 or 2: each kernel is compiled for both; 1 unless the
- * context's cluster knob asks for 2 x 2) take blocks of as many tiles: the two tiles of one N
- * column (128-row halves of a 256-row block) need the same B tile when their rows belong to the
- * same expert, and the cn tiles of one M row always need the same A tile. Each CTA's producer loads its part of a shared
- * tile and multicasts it to the CTAs that share it, which cuts L2 -> SM traffic per FLOP (by a
- * third at 2 x 1, by half at 2 x 2). A stage may be refilled only when the consumers of every CTA
+ * Clusters of 2 x cn CTAs (cn = 1 or 2: each kernel is compiled for both; 1 unless the context's
+ * cluster knob asks for 2 x 2) take blocks of as many tiles: the two tiles of one N column (128-row
+ * halves of a 256-row block) need the same B tile when their rows belong to the same expert, and
+ * the cn tiles of one M row always need the same A tile. Each CTA's producer loads its part of a
+ * shared tile and multicasts it to the CTAs that share it, which cuts L2 -> SM traffic per FLOP (by
+ * a third at 2 x 1, by half at 2 x 2). A stage may be refilled only when the consumers of every CTA
  * of the cluster have released it, so every consumer releases its stage in all of them (empty
  * barriers count 2 cn CTAs x 2 warpgroups), and the CTAs walk their pipelines in lockstep: a CTA
- * without a tile of its own (an odd last M or N tile) runs the k-loop as a "phantom", taking
- * part in the barriers but loading and computing nothing, and its neighbours load their tiles
- * whole. The cluster shape is a compile-time constant: read from the arguments at run time
- * instead, the same kernels ran the backward 14 % (2 x 1) and 35 % (2 x 2) slower (perf-log
- * 2026-12-03).
+ * without a tile of its own (an odd last M or N tile) runs the k-loop as a "phantom", taking part
+ * in the barriers but loading and computing nothing, and its neighbours load their tiles whole. The
+ * cluster shape is a compile-time constant: read from the arguments at run time instead, the same
+ * kernels ran the backward 14 % (2 x 1) and 35 % (2 x 2) slower (perf-log 2026-12-03).
  *
  * Shared memory (gemm_smem) is 128B-swizzled, as TMA writes it and wgmma reads it:
  *   A, K-major:  [128 rows][64 k]           (cn boxes, one per CTA of the M row)
