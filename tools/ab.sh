@@ -7,7 +7,9 @@
 #                                make's variables pass through
 #   tools/ab.sh bench            on the device: for each of $REPS rounds, each shape of $SHAPES,
 #                                each build of $BUILDS (NAME, or "here" for ./build/mok), one
-#                                `mok bench $ARGS`; logs under $OUT (or results/), a table last,
+#                                `mok bench $ARGS`; a build NAME@A,B,... also passes A B ...,
+#                                each with its = as a space (main@--cluster=4: the same mok with
+#                                `--cluster 4`); logs under $OUT (or results/), a table last,
 #                                with the mean SM clock and power while the GPU was busy (GPU 0's
 #                                nvidia-smi samples every 50 ms with utilisation >= 90 %)
 #
@@ -53,9 +55,11 @@ bench)
   for r in $(seq "${REPS:-2}"); do
     for shape in ${SHAPES:-mixtral-8x7b}; do
       for b in ${BUILDS:-here}; do
+        name=${b%%@*} extra=()
+        if [ "$name" != "$b" ]; then IFS=', ' read -r -a extra <<< "$(tr '=' ' ' <<< "${b#*@}")"; fi
         bin=./build/mok
-        [ "$b" = here ] || bin=${EXP:-exp}/$b/mok
-        log="$out/$b-$shape-$r.log"
+        [ "$name" = here ] || bin=${EXP:-exp}/$name/mok
+        log="$out/$(tr '@,=' '_' <<< "$b")-$shape-$r.log"
         rc=0 smi=
         : > "$log.smi"
         if command -v nvidia-smi > /dev/null; then
@@ -63,7 +67,7 @@ bench)
             --format=csv,noheader,nounits -lms 50 > "$log.smi" 2> /dev/null &
           smi=$!
         fi
-        "$bin" bench --shape "$shape" "${args[@]}" > "$log" 2>&1 || rc=$?
+        "$bin" bench --shape "$shape" "${args[@]}" "${extra[@]}" > "$log" 2>&1 || rc=$?
         if [ -n "$smi" ]; then kill "$smi" 2> /dev/null || true; wait "$smi" 2> /dev/null || true; fi
         fwd=$(awk '$1 == "forward" {print $2; exit}' "$log")
         bwd=$(awk '$1 == "backward" {print $2; exit}' "$log")

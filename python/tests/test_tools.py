@@ -1,5 +1,6 @@
 """test_tools.py: tools/kernel_times.py labels the launches of one call and computes GEMM TFLOP/s
-from an ncu CSV (a made-up one here, in ncu's column layout)."""
+from an ncu CSV (a made-up one here, in ncu's column layout); tools/ab.sh runs each build with
+its own arguments and compares their bits (stand-in mok scripts)."""
 import sys
 from pathlib import Path
 
@@ -37,3 +38,40 @@ def test_kernel_times_labels_one_call():
     assert "| backward | down wgrad | gemm_wgrad<2> |" in out
     assert "| forward | all |  | 20.0 |  |" in out and "| backward | all |  | 160.0 |  |" in out
     assert "99.0" not in out
+
+
+FAKE_MOK = """#!/usr/bin/env bash
+# A stand-in for mok bench: forward 2.000 ms when given --cluster 4, else 1.000; digest $DIGEST.
+echo "$0 $*" >> "$(dirname "$0")/argv"
+fwd=1.000; [[ " $* " == *" --cluster 4 "* ]] && fwd=2.000
+echo "  forward   $fwd 1.0 1.0 1.0"
+echo "  backward  3.000 1.0 1.0 1.0"
+echo "  repeated bits: identical"
+echo "  outputs fnv64: $DIGEST"
+"""
+
+
+def test_ab_passes_a_builds_extra_arguments(tmp_path):
+    """tools/ab.sh bench: a build NAME@A,B runs NAME's mok with A B (each = a space), and the
+    bits column compares every build's digest with the first's."""
+    import os
+    import subprocess
+    for name, digest in (("a", "d1"), ("b", "d2")):
+        d = tmp_path / "exp" / name
+        d.mkdir(parents=True)
+        (d / "mok").write_text(FAKE_MOK.replace("$DIGEST", digest))
+        (d / "mok").chmod(0o755)
+    env = dict(os.environ, EXP=str(tmp_path / "exp"), OUT=str(tmp_path / "out"), REPS="1",
+               SHAPES="s", BUILDS="a a@--cluster=4,--sms=8 b", ARGS="--warmup 0",
+               PATH="/usr/bin:/bin")  # no nvidia-smi: the clock and power columns stay empty
+    run = subprocess.run(["bash", str(ROOT / "tools" / "ab.sh"), "bench"], env=env,
+                         capture_output=True, text=True, check=True)
+    rows = [r for r in run.stdout.splitlines() if r.startswith("| 1 |")]
+    assert [r.split("|")[3:7] for r in rows[:3]] == [
+        [" a ", " 1.000 ", " 3.000 ", " same "],
+        [" a@--cluster=4,--sms=8 ", " 2.000 ", " 3.000 ", " same "],
+        [" b ", " 1.000 ", " 3.000 ", " other than a "]]
+    argv = (tmp_path / "exp" / "a" / "argv").read_text().splitlines()
+    assert argv[0].endswith("bench --shape s --warmup 0")
+    assert argv[1].endswith("bench --shape s --warmup 0 --cluster 4 --sms 8")
+    assert (tmp_path / "out" / "ab" / "a_--cluster_4_--sms_8-s-1.log").exists()
