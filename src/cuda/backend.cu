@@ -485,8 +485,8 @@ static mok_status map3(CUtensorMap *m, const void *p, int64_t b, int64_t rows, i
 /* The cluster shape of every product (gemm.cuh): the context's knob, else 2 x 1 CTAs. Clusters
  * of 2 x 2 move a quarter less data from L2 to the SMs, but only 30 of them fit on an H200 (120
  * CTAs) and a product with an odd number of N tiles leaves two CTAs of a cluster idle. Measured
- * side by side (DESIGN §2.2), 2 x 1 made the backward 4-7 % faster than 2 x 2 on the four large
- * shapes and forward + backward faster on all six. Emulated ranks get 2 x 1 too: the context
+ * side by side (DESIGN §2.2), 2 x 1 made the backward 3.8-6.9 % faster than 2 x 2 on the four
+ * large shapes and forward + backward faster on all six. Emulated ranks get 2 x 1 too: the context
  * refuses the knob at 4 for them. Sets g->cn. */
 static void cluster_shape(const call *c, gemm_args *g) {
   const int cluster = c->ws->ctx->cfg.cluster;
