@@ -394,8 +394,8 @@ KERNEL layer_forward(const __grid_constant__ layer_fwd f) {
     FWD_PRODUCTS(true, CONSUME)
     if (f.combine) {
       const size_t n = (size_t)f.c.T * (f.c.H / 8), stride = (size_t)gridDim.x * 256;
-      for (size_t v = blockIdx.x * 256 + threadIdx.x - 128; v < n; v += stride)
-        combine_vec(&f.c, v);
+      for (size_t v = blockIdx.x * 256 + threadIdx.x - 128; v < n; v += 2 * stride)
+        combine_vecs<2>(&f.c, v, stride, n); /* two vectors a thread: more loads in flight */
     }
   }
   cluster_sync(); /* peers may still multicast into us or release our stages */

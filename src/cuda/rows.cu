@@ -37,7 +37,7 @@ __global__ void __launch_bounds__(ROWS_THREADS) combine_rows(combine_args c) {
   if (*c.status) return;
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < (size_t)c.T * (c.H / 8);
        i += (size_t)gridDim.x * blockDim.x)
-    combine_vec(&c, i);
+    combine_vecs<1>(&c, i, 0, (size_t)c.T * (c.H / 8));
 }
 
 __global__ void __launch_bounds__(ROWS_THREADS)

@@ -9,7 +9,9 @@
 
 #include "cuda/kernels.h"
 
-#define DISPATCH_UNROLL 4 /* 16-byte loads in flight per lane and tensor */
+/* 16-byte loads in flight per lane and tensor: 8, so that a row of up to 4 KB (H = 2048) is
+ * one round trip, and the 12 warps an SM of the layer launch's dispatch keep 48 KB in flight. */
+#define DISPATCH_UNROLL 8
 #define COMBINE_BATCH 8   /* slot rows a thread loads before it adds any of them */
 
 /* Copies row `from` of x0 (and x1) to the rows of y0 (y1) held in `to` by the lanes of `lanes`,
@@ -101,44 +103,61 @@ static __device__ void dispatch_warp(const dispatch_args *a, int w, int warps) {
   }
 }
 
-/* Vector i of y: y[t] = bf16(((base[t] + slot[t,0]) + slot[t,1]) + ...), the slot rows loaded
- * COMBINE_BATCH at a time and added in j order. */
-static __device__ void combine_vec(const combine_args *c, size_t i) {
+/* Vectors i, i + stride, ... (V of them, those below n) of y: y[t] = bf16(((base[t] +
+ * slot[t,0]) + slot[t,1]) + ...), the slot rows of all V loaded COMBINE_BATCH at a time before
+ * any is added, and added in j order. V > 1 keeps more loads in flight a thread where few
+ * threads combine (the layer launch's consumer warps). */
+template <int V>
+static __device__ void combine_vecs(const combine_args *c, size_t i, size_t stride, size_t n) {
   const int vecs = c->H / 8, k = c->k;
-  const size_t t = i / vecs, v = i - t * vecs;
-  float acc[8];
-  if (c->base) {
-    const float4 *b = (const float4 *)(c->base + t * c->H + v * 8);
-    const float4 lo = b[0], hi = b[1];
-    acc[0] = lo.x, acc[1] = lo.y, acc[2] = lo.z, acc[3] = lo.w;
-    acc[4] = hi.x, acc[5] = hi.y, acc[6] = hi.z, acc[7] = hi.w;
-  } else {
+  float acc[V][8];
+  const int4 *slots[V];
 #pragma unroll
-    for (int e = 0; e < 8; e++) acc[e] = 0.0f;
+  for (int q = 0; q < V; q++) {
+    const size_t iq = i + q * stride < n ? i + q * stride : i; /* past n: a copy of vector i */
+    const size_t t = iq / vecs, v = iq - t * vecs;
+    if (c->base) {
+      const float4 *b = (const float4 *)(c->base + t * c->H + v * 8);
+      const float4 lo = b[0], hi = b[1];
+      acc[q][0] = lo.x, acc[q][1] = lo.y, acc[q][2] = lo.z, acc[q][3] = lo.w;
+      acc[q][4] = hi.x, acc[q][5] = hi.y, acc[q][6] = hi.z, acc[q][7] = hi.w;
+    } else {
+#pragma unroll
+      for (int e = 0; e < 8; e++) acc[q][e] = 0.0f;
+    }
+    slots[q] = (const int4 *)c->slots + t * k * vecs + v;
   }
-  const int4 *slots = (const int4 *)c->slots + t * k * vecs + v;
   for (int j0 = 0; j0 < k; j0 += COMBINE_BATCH) {
-    int4 raw[COMBINE_BATCH];
+    int4 raw[V][COMBINE_BATCH];
 #pragma unroll
-    for (int u = 0; u < COMBINE_BATCH; u++)
-      if (j0 + u < k) raw[u] = slots[(size_t)(j0 + u) * vecs];
+    for (int q = 0; q < V; q++)
 #pragma unroll
-    for (int u = 0; u < COMBINE_BATCH; u++) {
-      if (j0 + u >= k) break;
-      const __nv_bfloat162 *p = (const __nv_bfloat162 *)&raw[u];
+      for (int u = 0; u < COMBINE_BATCH; u++)
+        if (j0 + u < k) raw[q][u] = slots[q][(size_t)(j0 + u) * vecs];
 #pragma unroll
-      for (int e = 0; e < 4; e++) {
-        const float2 f = __bfloat1622float2(p[e]);
-        acc[2 * e] += f.x;
-        acc[2 * e + 1] += f.y;
+    for (int q = 0; q < V; q++) {
+#pragma unroll
+      for (int u = 0; u < COMBINE_BATCH; u++) {
+        if (j0 + u >= k) break;
+        const __nv_bfloat162 *p = (const __nv_bfloat162 *)&raw[q][u];
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+          const float2 f = __bfloat1622float2(p[e]);
+          acc[q][2 * e] += f.x;
+          acc[q][2 * e + 1] += f.y;
+        }
       }
     }
   }
-  int4 res;
-  __nv_bfloat162 *q = (__nv_bfloat162 *)&res;
 #pragma unroll
-  for (int e = 0; e < 4; e++) q[e] = __floats2bfloat162_rn(acc[2 * e], acc[2 * e + 1]);
-  ((int4 *)c->out)[i] = res;
+  for (int q = 0; q < V; q++) {
+    if (i + q * stride >= n) break;
+    int4 res;
+    __nv_bfloat162 *r = (__nv_bfloat162 *)&res;
+#pragma unroll
+    for (int e = 0; e < 4; e++) r[e] = __floats2bfloat162_rn(acc[q][2 * e], acc[q][2 * e + 1]);
+    ((int4 *)c->out)[i + q * stride] = res;
+  }
 }
 
 #endif
