@@ -9,21 +9,23 @@
 
 #include "cuda/kernels.h"
 
-/* 16-byte loads in flight per lane and tensor: 8, so that a row of up to 4 KB (H = 2048) is
- * one round trip, and the 12 warps an SM of the layer launch's dispatch keep 48 KB in flight. */
-#define DISPATCH_UNROLL 8
 #define COMBINE_BATCH 8   /* slot rows a thread loads before it adds any of them */
 
 /* Copies row `from` of x0 (and x1) to the rows of y0 (y1) held in `to` by the lanes of `lanes`,
- * or zeros there when x0 is NULL; one warp, DISPATCH_UNROLL x 32 vectors at a time: all loads,
- * then all stores. The rows pass by shuffle, so a warp needs no shared memory. */
+ * or zeros there when x0 is NULL; one warp, U x 32 vectors at a time: all loads, then all
+ * stores. The rows pass by shuffle, so a warp needs no shared memory. U is the 16-byte loads in
+ * flight per lane and tensor: 4 where a full grid of row kernels moves rows; 8 in the layer
+ * launch, whose 12 warps an SM then keep 48 KB in flight (a row of up to 4 KB, H = 2048, in one
+ * round trip). Measured (perf-log 2026-12-04): 8 made fine-7b's forward 0.05 ms faster, and the
+ * backward's row kernel 0.12-0.14 ms slower on qwen3-30b-a3b. */
+template <int U>
 static __device__ void copy_row(const int4 *x0, const int4 *x1, size_t from, int4 *y0, int4 *y1,
                                 unsigned lanes, int to, int vecs) {
   const int lane = threadIdx.x % 32;
-  for (int v0 = 0; v0 < vecs; v0 += 32 * DISPATCH_UNROLL) {
-    int4 r0[DISPATCH_UNROLL], r1[DISPATCH_UNROLL];
+  for (int v0 = 0; v0 < vecs; v0 += 32 * U) {
+    int4 r0[U], r1[U];
 #pragma unroll
-    for (int u = 0; u < DISPATCH_UNROLL; u++) {
+    for (int u = 0; u < U; u++) {
       const int v = v0 + 32 * u + lane;
       r0[u] = r1[u] = make_int4(0, 0, 0, 0);
       if (x0 && v < vecs) {
@@ -34,7 +36,7 @@ static __device__ void copy_row(const int4 *x0, const int4 *x1, size_t from, int
     for (unsigned m = lanes; m; m &= m - 1) {
       const size_t at = (size_t)__shfl_sync(0xffffffffu, to, __ffs(m) - 1) * vecs;
 #pragma unroll
-      for (int u = 0; u < DISPATCH_UNROLL; u++) {
+      for (int u = 0; u < U; u++) {
         const int v = v0 + 32 * u + lane;
         if (v < vecs) {
           y0[at + v] = r0[u];
@@ -69,6 +71,7 @@ static __device__ void dispatch_marks(const dispatch_args *a) {
  * (dy); rows of this rank's tokens are skipped, the first kind wrote them. group is 32 at
  * ep = 1, where every row but the padding is skipped, so a warp looks at 32 row_src at once;
  * and 1 in a group, where most rows come from other ranks and each needs a warp of its own. */
+template <int U>
 static __device__ void dispatch_warp(const dispatch_args *a, int w, int warps) {
   /* Backward whose x rows are in place already (saved_open): dy alone, as the one tensor. */
   const bool dy_only = a->x_rows && *a->x_rows;
@@ -83,7 +86,7 @@ static __device__ void dispatch_warp(const dispatch_args *a, int w, int warps) {
         const int j = j0 + lane;
         const int row = j < a->k ? a->slot_row[(size_t)w * a->k + j] : -1;
         const unsigned here = __ballot_sync(0xffffffffu, row >= 0);
-        if (here) copy_row(x0, x1, (size_t)w * vecs, y0, y1, here, row, vecs);
+        if (here) copy_row<U>(x0, x1, (size_t)w * vecs, y0, y1, here, row, vecs);
       }
       continue;
     }
@@ -97,7 +100,7 @@ static __device__ void dispatch_warp(const dispatch_args *a, int w, int warps) {
       const int o = __shfl_sync(0xffffffffu, owner, l), sl = __shfl_sync(0xffffffffu, src, l);
       const int4 *p0 = o < 0 ? NULL : (const int4 *)(dy_only ? a->peers->dy[o] : a->peers->x[o]);
       const int4 *p1 = o < 0 || dy_only ? NULL : (const int4 *)a->peers->dy[o];
-      copy_row(p0, p1, o < 0 ? 0 : (size_t)(sl % a->slots_cap / a->k) * vecs, y0, y1, 1u,
+      copy_row<U>(p0, p1, o < 0 ? 0 : (size_t)(sl % a->slots_cap / a->k) * vecs, y0, y1, 1u,
                r0 + l, vecs);
     }
   }
