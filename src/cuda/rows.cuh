@@ -16,8 +16,9 @@
  * stores. The rows pass by shuffle, so a warp needs no shared memory. U is the 16-byte loads in
  * flight per lane and tensor: 4 where a full grid of row kernels moves rows; 8 in the layer
  * launch, whose 12 warps an SM then keep 48 KB in flight (a row of up to 4 KB, H = 2048, in one
- * round trip). Measured (perf-log 2026-12-04): 8 made fine-7b's forward 0.05 ms faster, and the
- * backward's row kernel 0.12-0.14 ms slower on qwen3-30b-a3b. */
+ * round trip). Measured (perf-log 2026-12-04, wip/rowpipe: 8 everywhere and the layer launch's
+ * combine two vectors a thread): fine-7b's forward 0.05 ms faster; qwen3-30b-a3b's backward, where
+ * only the row kernel's dispatch had changed, 0.12-0.14 ms slower. */
 template <int U>
 static __device__ void copy_row(const int4 *x0, const int4 *x1, size_t from, int4 *y0, int4 *y1,
                                 unsigned lanes, int to, int vecs) {
