@@ -64,7 +64,11 @@ MOK_DEV void load_b_kmajor(__nv_bfloat16 *sb, uint64_t *bar, const gemm_tile *tl
 }
 
 /* MN-major B of four [64 k][64 n] boxes at columns n0 + 64j; half h = boxes 2h and 2h+1.
- * `e` < 0: a 2D map (rows = k), else a 3D map per expert. */
+ * EXPERT: a 3D map, expert e's plane (the dgrads' weights), else a 2D map (rows = k). A template
+ * argument, not a test of e at run time: in a launch of several products the compiler merged the
+ * two kinds into predicated pairs of loads, which cost the layer kernel's gate/up dgrad 0.2-0.3 ms
+ * on gpt-oss-120b (perf-log 2026-12-04, twentieth session). */
+template <bool EXPERT>
 MOK_DEV void load_b_mn(__nv_bfloat16 *sb, uint64_t *bar, const gemm_tile *tl, int rank,
                        const CUtensorMap *map, int k, int e) {
 #pragma unroll
@@ -74,10 +78,10 @@ MOK_DEV void load_b_mn(__nv_bfloat16 *sb, uint64_t *bar, const gemm_tile *tl, in
     __nv_bfloat16 *dst = sb + j * 64 * 64;
     int n = tl->n0 + 64 * j;
     if (tl->b_shared) {
-      if (e < 0) tma_load_2d_multicast(dst, map, bar, n, k, b_mask(rank));
+      if (!EXPERT) tma_load_2d_multicast(dst, map, bar, n, k, b_mask(rank));
       else tma_load_3d_multicast(dst, map, bar, n, k, e, b_mask(rank));
     } else {
-      if (e < 0) tma_load_2d(dst, map, bar, n, k);
+      if (!EXPERT) tma_load_2d(dst, map, bar, n, k);
       else tma_load_3d(dst, map, bar, n, k, e);
     }
   }
@@ -319,7 +323,7 @@ MOK_DEV void epi_wgrad(const gemm_args *g, const gemm_tile *tl, int cw, float *d
 KERNEL gemm_dgrad_down(const __grid_constant__ gemm_args g) {
   GEMM_KERNEL_BODY(rowgroup_block_count(&g, GEMM_BN, CN), rowgroup_tile(&g, q, GEMM_BN, rank, CN),
                    (load_a_kmajor(&g, sa, bar, &tl, rank, CN, kb * 64),
-                    load_b_mn(sb, bar, &tl, rank, &g.b0, kb * 64, tl.expert)),
+                    load_b_mn<true>(sb, bar, &tl, rank, &g.b0, kb * 64, tl.expert)),
                    0, 1, epi_swiglu_bwd)
 }
 
@@ -328,7 +332,7 @@ MOK_DEV void load_gateup_mn(const gemm_args *g, __nv_bfloat16 *sb, uint64_t *bar
                             const gemm_tile *tl, int rank, int kb) {
   int c = kb * 64;
   const CUtensorMap *map = c < g->k_split ? &g->b0 : &g->b1;
-  load_b_mn(sb, bar, tl, rank, map, c < g->k_split ? c : c - g->k_split, tl->expert);
+  load_b_mn<true>(sb, bar, tl, rank, map, c < g->k_split ? c : c - g->k_split, tl->expert);
 }
 
 /* A [rows, 2I] K-major (dgu); B from W_gate then W_up, MN-major. */
@@ -406,7 +410,7 @@ KERNEL layer_forward(const __grid_constant__ layer_fwd f) {
 KERNEL gemm_wgrad(const __grid_constant__ gemm_args g) {
   GEMM_KERNEL_BODY(wgrad_block_count(&g, CN), wgrad_tile(&g, q, rank, CN),
                    (load_a_mn(&g, sa, bar, &tl, rank, tl.k_row0 + kb * 64),
-                    load_b_mn(sb, bar, &tl, rank, &g.b0, tl.k_row0 + kb * 64, -1)),
+                    load_b_mn<false>(sb, bar, &tl, rank, &g.b0, tl.k_row0 + kb * 64, -1)),
                    1, 1, epi_wgrad)
 }
 
