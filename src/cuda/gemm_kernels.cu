@@ -65,9 +65,9 @@ MOK_DEV void load_b_kmajor(__nv_bfloat16 *sb, uint64_t *bar, const gemm_tile *tl
 
 /* MN-major B of four [64 k][64 n] boxes at columns n0 + 64j; half h = boxes 2h and 2h+1.
  * EXPERT: a 3D map, expert e's plane (the dgrads' weights), else a 2D map (rows = k). A template
- * argument, not a test of e at run time: in a launch of several products the compiler merged the
- * two kinds into predicated pairs of loads, which cost the layer kernel's gate/up dgrad 0.2-0.3 ms
- * on gpt-oss-120b (perf-log 2026-12-04, twentieth session). */
+ * argument, not a test of e at run time: in a launch of several products (wip/split2's backward
+ * launches) the compiler merged the two kinds into predicated pairs of loads, which cost gate/up
+ * dgrad 0.2-0.3 ms on gpt-oss-120b (perf-log 2026-12-04, twentieth session). e is unused for 2D. */
 template <bool EXPERT>
 MOK_DEV void load_b_mn(__nv_bfloat16 *sb, uint64_t *bar, const gemm_tile *tl, int rank,
                        const CUtensorMap *map, int k, int e) {
