@@ -14,6 +14,7 @@
  */
 #include "cuda/gemm.cuh"
 #include "cuda/rows.cuh"
+#include "cuda/tile_clock.cuh"
 
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ == 900
 #define GEMM_ARCH_OK 1
@@ -269,7 +270,8 @@ MOK_DEV void epi_wgrad(const gemm_args *g, const gemm_tile *tl, int cw, float *d
   const int ctas = GEMM_CM * CN;                                                             \
   gemm_smem *sm = gemm_smem_init(smem_raw, ctas);                                            \
   const int rank = (int)cluster_ctarank();                                                   \
-  gemm_pipe pipe = {0};
+  gemm_pipe pipe = {0};                                                                      \
+  TCLK(int tclk_product = 0;)
 
 #define GEMM_PRODUCE(COUNT, TILE, LOAD)                                                      \
   {                                                                                          \
@@ -291,14 +293,19 @@ MOK_DEV void epi_wgrad(const gemm_args *g, const gemm_tile *tl, int cw, float *d
 #define GEMM_CONSUME(COUNT, TILE, A_MN, B_MN, EPI)                                           \
   {                                                                                          \
     const int total = COUNT;                                                                 \
+    TCLK(unsigned t_last = tclk_now();)                                                      \
     for (int q = blockIdx.x / ctas; q < total; q += gridDim.x / ctas) {                      \
       gemm_tile tl = TILE;                                                                   \
       if (!tl.valid) {                                                                       \
         gemm_consume_phantom(sm, &pipe, tl.k_blocks, ctas, cw);                              \
         continue;                                                                            \
       }                                                                                      \
+      TCLK(const unsigned t0 = tclk_now(); tclk_add(tclk_product, TCLK_GAP, t0 - t_last);)   \
       gemm_consume(sm, &pipe, tl.k_blocks, ctas, cw, A_MN, B_MN, d);                         \
+      TCLK(const unsigned t1 = tclk_now(); tclk_add(tclk_product, TCLK_KLOOP, t1 - t0);)     \
       EPI(&g, &tl, cw, d);                                                                   \
+      TCLK(t_last = tclk_now(); tclk_add(tclk_product, TCLK_EPI, t_last - t1);               \
+           tclk_add(tclk_product, TCLK_TILES, 1); tclk_add(tclk_product, TCLK_KB, tl.k_blocks);) \
     }                                                                                        \
   }
 
@@ -374,6 +381,7 @@ KERNEL gemm_dgrad_gateup(const __grid_constant__ gemm_args g) {
     if (WHO) {                                                                               \
       for (int j = 2 * i; j < 2 * i + 1 + f.shared; j++) {                                   \
         const gemm_args &g = f.p[j];                                                         \
+        TCLK(tclk_product = j;)                                                              \
         if (i == 0) SIDE##_FWD_GATEUP else SIDE##_FWD_DOWN                                   \
       }                                                                                      \
     }                                                                                        \
@@ -482,7 +490,10 @@ cudaError_t gemm_launch(gemm_kind kind, const gemm_args *g, int max_ctas, cudaSt
   if (ctas < C) ctas = C;
   cudaLaunchAttribute attr;
   cudaLaunchConfig_t cfg = launch_config(ctas, C, stream, &attr);
-  return cudaLaunchKernelEx(&cfg, gemm_fns[kind - GEMM_DGRAD_DOWN][g->cn - 1], *g);
+  cudaError_t e = cudaLaunchKernelEx(&cfg, gemm_fns[kind - GEMM_DGRAD_DOWN][g->cn - 1], *g);
+  TCLK(static const char *names[] = {"down dgrad", "gate/up dgrad", "weight gradient"};
+       if (e == cudaSuccess) tclk_report<<<1, 1, 0, stream>>>(names[kind - GEMM_DGRAD_DOWN], ctas);)
+  return e;
 }
 
 /* Every CTA that can be resident: the row phases use them all. */
@@ -497,5 +508,7 @@ cudaError_t layer_forward_launch(const layer_fwd *f, int ctas, cudaStream_t stre
   attr[1].id = cudaLaunchAttributeCooperative;
   attr[1].val.cooperative = 1;
   cfg.numAttrs = 2;
-  return cudaLaunchKernelEx(&cfg, layer_forward_fns[cn - 1], *f);
+  cudaError_t e = cudaLaunchKernelEx(&cfg, layer_forward_fns[cn - 1], *f);
+  TCLK(if (e == cudaSuccess) tclk_report<<<1, 1, 0, stream>>>("forward", ctas);)
+  return e;
 }

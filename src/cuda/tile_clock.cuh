@@ -1,0 +1,54 @@
+/*
+ * tile_clock.cuh: a probe of where a GEMM tile's cycles go, compiled only with
+ * -DMOK_TILE_CLOCK (tools/tile-clock.sh builds and runs it; the default build's SASS does not
+ * change). Thread 0 of each consumer warpgroup adds, per product of a launch, the SM cycles of its
+ * tiles' k-loops, their epilogues and what comes before each tile since the last (its first:
+ * since the product began; phantom tiles fall there), and the tiles and k-blocks;
+ * tclk_report, a one-thread kernel queued after each GEMM launch, prints the means per tile and
+ * zeroes the counters. A printf inside a GEMM kernel would make ptxas serialise its wgmma (C7510),
+ * hence the kernel of its own. The counters are global: one call at a time, one stream.
+ */
+#ifndef MOK_CUDA_TILE_CLOCK_CUH
+#define MOK_CUDA_TILE_CLOCK_CUH
+
+#ifdef MOK_TILE_CLOCK
+#include <cstdio>
+
+enum { TCLK_KLOOP, TCLK_EPI, TCLK_GAP, TCLK_TILES, TCLK_KB, TCLK_N };
+#define TCLK_PRODUCTS 4
+#define TCLK_SLOTS 320 /* two consumer warpgroups of up to 160 CTAs */
+
+__device__ unsigned long long tclk[TCLK_PRODUCTS][TCLK_N][TCLK_SLOTS];
+
+static __device__ __forceinline__ unsigned tclk_now(void) {
+  unsigned c;
+  asm volatile("mov.u32 %0, %%clock;" : "=r"(c));
+  return c;
+}
+
+/* By thread 0 of a consumer warpgroup (the others return). 32-bit clocks: fewer registers held
+ * across the k-loop, and a difference of two readings is right across a wrap. */
+static __device__ __forceinline__ void tclk_add(int product, int what, unsigned long long v) {
+  if (threadIdx.x % 128 == 0) tclk[product][what][blockIdx.x * 2 + threadIdx.x / 128 - 1] += v;
+}
+
+static __global__ void tclk_report(const char *what, int ctas) {
+  for (int p = 0; p < TCLK_PRODUCTS; p++) {
+    unsigned long long s[TCLK_N] = {0};
+    for (int i = 0; i < 2 * ctas && i < TCLK_SLOTS; i++)
+      for (int j = 0; j < TCLK_N; j++) s[j] += tclk[p][j][i], tclk[p][j][i] = 0;
+    if (!s[TCLK_TILES]) continue;
+    const double t = (double)s[TCLK_TILES];
+    printf("tile clock | %s | product %d | tiles %llu | k-blocks/tile %.2f | cycles/tile: "
+           "k-loop %.0f, epilogue %.0f, before %.0f | k-loop cycles/k-block %.0f\n",
+           what, p, s[TCLK_TILES] / 2, s[TCLK_KB] / t, s[TCLK_KLOOP] / t, s[TCLK_EPI] / t,
+           s[TCLK_GAP] / t, s[TCLK_KB] ? (double)s[TCLK_KLOOP] / s[TCLK_KB] : 0.0);
+  }
+}
+
+#define TCLK(...) __VA_ARGS__
+#else
+#define TCLK(...)
+#endif
+
+#endif
