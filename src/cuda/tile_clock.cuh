@@ -32,7 +32,11 @@ static __device__ __forceinline__ void tclk_add(int product, int what, unsigned 
   if (threadIdx.x % 128 == 0) tclk[product][what][blockIdx.x * 2 + threadIdx.x / 128 - 1] += v;
 }
 
-static __global__ void tclk_report(const char *what, int ctas) {
+/* launch: 0 the forward's, 1 + gemm_kind - GEMM_DGRAD_DOWN a backward product's (names here:
+ * a host string would be an illegal address on the device). */
+static __global__ void tclk_report(int launch, int ctas) {
+  const char *names[] = {"forward", "down dgrad", "gate/up dgrad", "weight gradient"};
+  const char *what = names[launch];
   for (int p = 0; p < TCLK_PRODUCTS; p++) {
     unsigned long long s[TCLK_N] = {0};
     for (int i = 0; i < 2 * ctas && i < TCLK_SLOTS; i++)
