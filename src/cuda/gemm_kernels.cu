@@ -293,19 +293,22 @@ MOK_DEV void epi_wgrad(const gemm_args *g, const gemm_tile *tl, int cw, float *d
 #define GEMM_CONSUME(COUNT, TILE, A_MN, B_MN, EPI)                                           \
   {                                                                                          \
     const int total = COUNT;                                                                 \
-    TCLK(unsigned t_last = tclk_now();)                                                      \
+    TCLK(unsigned t_last = tclk_now(), c_kloop = 0, c_epi = 0, c_gap = 0, c_tiles = 0, c_kb = 0;) \
     for (int q = blockIdx.x / ctas; q < total; q += gridDim.x / ctas) {                      \
       gemm_tile tl = TILE;                                                                   \
       if (!tl.valid) {                                                                       \
         gemm_consume_phantom(sm, &pipe, tl.k_blocks, ctas, cw);                              \
+        TCLK(if (q + gridDim.x / ctas >= total) tclk_flush(tclk_product, c_kloop, c_epi, c_gap, \
+                                                           c_tiles, c_kb);)                  \
         continue;                                                                            \
       }                                                                                      \
-      TCLK(const unsigned t0 = tclk_now(); tclk_add(tclk_product, TCLK_GAP, t0 - t_last);)   \
+      TCLK(const unsigned t0 = tclk_now(); c_gap += t0 - t_last;)                            \
       gemm_consume(sm, &pipe, tl.k_blocks, ctas, cw, A_MN, B_MN, d);                         \
-      TCLK(const unsigned t1 = tclk_now(); tclk_add(tclk_product, TCLK_KLOOP, t1 - t0);)     \
+      TCLK(const unsigned t1 = tclk_now(); c_kloop += t1 - t0;)                              \
       EPI(&g, &tl, cw, d);                                                                   \
-      TCLK(t_last = tclk_now(); tclk_add(tclk_product, TCLK_EPI, t_last - t1);               \
-           tclk_add(tclk_product, TCLK_TILES, 1); tclk_add(tclk_product, TCLK_KB, tl.k_blocks);) \
+      TCLK(t_last = tclk_now(); c_epi += t_last - t1; c_tiles++; c_kb += tl.k_blocks;        \
+           if (q + gridDim.x / ctas >= total) tclk_flush(tclk_product, c_kloop, c_epi, c_gap,   \
+                                                         c_tiles, c_kb);)                    \
     }                                                                                        \
   }
 

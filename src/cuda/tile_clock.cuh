@@ -26,14 +26,27 @@ static __device__ __forceinline__ unsigned tclk_now(void) {
   return c;
 }
 
-/* By thread 0 of a consumer warpgroup (the others return). 32-bit clocks: fewer registers held
- * across the k-loop, and a difference of two readings is right across a wrap. */
+/* The counts are kept in registers through a product's tiles (32-bit: a difference of two clock
+ * readings is right across a wrap) and added here once, at its last tile, by thread 0 of a consumer
+ * warpgroup (the others return): a global add per tile put its load's latency, some 1000 cycles,
+ * into the very times it measured. */
 static __device__ __forceinline__ void tclk_add(int product, int what, unsigned long long v) {
   if (threadIdx.x % 128 == 0) tclk[product][what][blockIdx.x * 2 + threadIdx.x / 128 - 1] += v;
 }
 
 /* launch: 0 the forward's, 1 + gemm_kind - GEMM_DGRAD_DOWN a backward product's (names here:
  * a host string would be an illegal address on the device). */
+/* At a product's last tile, real or phantom (in the loop: code after a consumer's tile loop made
+ * ptxas spill 800 bytes in down dgrad's epilogue); a last phantom's own cycles are not counted. */
+static __device__ __forceinline__ void tclk_flush(int product, unsigned kloop, unsigned epi,
+                                                  unsigned gap, unsigned tiles, unsigned kb) {
+  tclk_add(product, TCLK_KLOOP, kloop);
+  tclk_add(product, TCLK_EPI, epi);
+  tclk_add(product, TCLK_GAP, gap);
+  tclk_add(product, TCLK_TILES, tiles);
+  tclk_add(product, TCLK_KB, kb);
+}
+
 static __global__ void tclk_report(int launch, int ctas) {
   const char *names[] = {"forward", "down dgrad", "gate/up dgrad", "weight gradient"};
   const char *what = names[launch];
