@@ -50,7 +50,13 @@ build/%.o: %.c $(wildcard include/*.h src/*.h src/cpu/*.h tests/*.h tools/*.h)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Itests -c $< -o $@
 
-CU_DEPS := $(wildcard include/*.h src/*.h src/cuda/*.h src/cuda/*.cuh)
+# NVEXTRA (extra nvcc flags, e.g. a probe's -D) is written to a stamp that every CUDA object
+# depends on, rewritten only when it changes: a build with other flags rebuilds them, and a probe
+# object never outlives its flags.
+NVEXTRA_STAMP := build/nvextra.stamp
+$(shell mkdir -p build && { [ -f $(NVEXTRA_STAMP) ] && \
+  [ "$$(cat $(NVEXTRA_STAMP))" = "$(NVEXTRA)" ] || echo "$(NVEXTRA)" > $(NVEXTRA_STAMP); })
+CU_DEPS := $(wildcard include/*.h src/*.h src/cuda/*.h src/cuda/*.cuh) $(NVEXTRA_STAMP)
 build/%.o: %.cu $(CU_DEPS)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -c $< -o $@
@@ -60,7 +66,7 @@ build/%.o: %.cu $(CU_DEPS)
 # wgmma shapes inside the k-loop did that to every kernel, wip/narrow-tail's first form).
 # The tile-clock probe (tools/tile-clock.sh) may spill a few bytes in down dgrad's epilogue, which
 # it then measures a little slow; serialised wgmma would make it measure nothing, so that stays out.
-GEMM_REFUSE := C75[0-9][0-9]$(if $(findstring MOK_TILE_CLOCK,$(NVEXTRA)),,|[1-9][0-9]* bytes spill)
+GEMM_REFUSE := C75[0-9][0-9]$(if $(filter -DMOK_TILE_CLOCK -DMOK_TILE_CLOCK=%,$(NVEXTRA)),,|[1-9][0-9]* bytes spill)
 build/src/cuda/gemm_kernels.o: src/cuda/gemm_kernels.cu $(CU_DEPS)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -Xptxas -v -c $< -o $@ 2> $@.ptxas || { cat $@.ptxas; rm -f $@; exit 1; }

@@ -6,10 +6,11 @@
 # the wait for the next tile), from tools/tile_clock.py. Logs under $OUT (or results/).
 # Usage: tools/tile-clock.sh [SHAPE...]   (default: the six shapes of DESIGN.md section 7)
 set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
 shapes=${*:-dsv3 qwen3-30b-a3b qwen3-235b mixtral-8x7b gpt-oss-120b fine-7b}
 out=${OUT:-results}/tile-clock
 mkdir -p "$out"
-tree=$(mktemp -d /tmp/mok-tclk-XXXXXX)
+tree=$(mktemp -d /tmp/mok-tclk-XXXXXX) || exit 1
 trap 'rm -rf "$tree"' EXIT
 cp -r Makefile include src tools "$tree"/
 make -C "$tree" -j"$(nproc)" build/mok NVEXTRA=-DMOK_TILE_CLOCK > "$out/build.log" 2>&1 ||

@@ -18,7 +18,8 @@ def table(shape, text):
     runs = {}  # (what, product, tiles) -> list of field dicts, in order of first appearance
     for m in LINE.finditer(text):
         key = (m["what"], int(m["p"]), int(m["tiles"]))
-        runs.setdefault(key, []).append({k: float(m[k]) for k in ("kb", "kloop", "epi", "gap", "per")})
+        fields = ("kb", "kloop", "epi", "gap", "per")
+        runs.setdefault(key, []).append({k: float(m[k]) for k in fields})
     if not runs:
         raise SystemExit("no tile-clock lines (not a tile-clock build?)")
     calls = max(map(len, runs.values()))
@@ -29,8 +30,9 @@ def table(shape, text):
         med = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
         name = f"forward {FORWARD[p]}" if what == "forward" else what
         total = med["kloop"] + med["epi"] + med["gap"]
-        out.append(f"| {name} | {tiles} | {med['kb']:.1f} | {med['kloop']:.0f} | {med['per']:.0f} | "
-                   f"{med['epi']:.0f} | {med['gap']:.0f} | {med['kloop'] / total:.2f} |")
+        out.append(f"| {name} | {tiles} | {med['kb']:.1f} | {med['kloop']:.0f} | "
+                   f"{med['per']:.0f} | {med['epi']:.0f} | {med['gap']:.0f} | "
+                   f"{med['kloop'] / total:.2f} |")
     return "\n".join(out)
 
 

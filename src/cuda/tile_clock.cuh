@@ -34,8 +34,6 @@ static __device__ __forceinline__ void tclk_add(int product, int what, unsigned 
   if (threadIdx.x % 128 == 0) tclk[product][what][blockIdx.x * 2 + threadIdx.x / 128 - 1] += v;
 }
 
-/* launch: 0 the forward's, 1 + gemm_kind - GEMM_DGRAD_DOWN a backward product's (names here:
- * a host string would be an illegal address on the device). */
 /* At a product's last tile, real or phantom (in the loop: code after a consumer's tile loop made
  * ptxas spill 800 bytes in down dgrad's epilogue); a last phantom's own cycles are not counted. */
 static __device__ __forceinline__ void tclk_flush(int product, unsigned kloop, unsigned epi,
@@ -47,6 +45,8 @@ static __device__ __forceinline__ void tclk_flush(int product, unsigned kloop, u
   tclk_add(product, TCLK_KB, kb);
 }
 
+/* launch: 0 the forward's, 1 + gemm_kind - GEMM_DGRAD_DOWN a backward product's (names here:
+ * a host string would be an illegal address on the device). */
 static __global__ void tclk_report(int launch, int ctas) {
   const char *names[] = {"forward", "down dgrad", "gate/up dgrad", "weight gradient"};
   const char *what = names[launch];
