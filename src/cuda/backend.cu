@@ -4,8 +4,8 @@
  *   forward:  schedule -> dispatch x -> gate/up (+SwiGLU) -> [shared gate/up] -> down
  *             -> [shared down] -> combine
  *   backward: check saved -> dispatch x, dy -> down dgrad (+SwiGLU bwd, router partials)
- *             -> down weight grad -> gate/up dgrad -> gate/up weight grad -> [shared expert
- *             likewise] -> combine, router gradient
+ *             -> down weight grad -> gate/up dgrad -> gate/up weight grad -> [shared expert:
+ *             down dgrad, gate/up dgrad, the two weight grads] -> combine, router gradient
  * The workspace lets buffers whose uses do not overlap in this order share memory
  * (scratch_layout): products run side by side (a side stream, a fused launch) would need them
  * apart again.
@@ -134,7 +134,7 @@ typedef struct scratch_layout {
   size_t slots;         /* bf16 [T*k, H] expert output (fwd) / dx (bwd) per slot. At ep = 1 it
                          * is dyr: the forward has no dy rows, and the backward's gate/up dgrad
                          * writes it after the last reader of dy rows (down's weight gradient).
-                         * With a group it is memory of its own: peers write their rows into it
+                         * At ep > 1 it is memory of its own: peers write their rows into it
                          * while this rank may still read its dy rows. */
   size_t dgu;           /* bf16 [rows_cap, 2I] */
   size_t dtw_part;      /* f32 [T*k, I/64] router-gradient partials */
