@@ -11,6 +11,7 @@ LINE = re.compile(r"tile clock \| (?P<what>[^|]+?) \| product (?P<p>\d) \| tiles
                   r"epilogue (?P<epi>[\d.]+), before (?P<gap>[\d.]+) \| "
                   r"k-loop cycles/k-block (?P<per>[\d.]+)")
 FORWARD = ["gate/up", "shared gate/up", "down", "shared down"]
+FIELDS = ("kb", "kloop", "epi", "gap", "per")
 
 
 def table(shape, text):
@@ -18,8 +19,7 @@ def table(shape, text):
     runs = {}  # (what, product, tiles) -> list of field dicts, in order of first appearance
     for m in LINE.finditer(text):
         key = (m["what"], int(m["p"]), int(m["tiles"]))
-        fields = ("kb", "kloop", "epi", "gap", "per")
-        runs.setdefault(key, []).append({k: float(m[k]) for k in fields})
+        runs.setdefault(key, []).append({k: float(m[k]) for k in FIELDS})
     if not runs:
         raise SystemExit("no tile-clock lines (not a tile-clock build?)")
     calls = max(map(len, runs.values()))

@@ -1,12 +1,15 @@
 """test_tools.py: tools/kernel_times.py labels the launches of one call and computes GEMM TFLOP/s
 from an ncu CSV (a made-up one here, in ncu's column layout); tools/ab.sh runs each build with
-its own arguments and compares their bits (stand-in mok scripts)."""
+its own arguments and compares their bits (stand-in mok scripts); tools/tile_clock.py tabulates
+the tile-clock probe's lines (made from the probe's own printf format)."""
+import re
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tools"))
 import kernel_times  # noqa: E402
+import tile_clock  # noqa: E402
 
 FWD = ["schedule(sched_args, int)", "void layer_forward<1>(layer_fwd)"]
 BWD = ["saved_open(int const*)", "dispatch_rows(int const*)", "void gemm_dgrad_down<2>(gemm_args)",
@@ -77,18 +80,13 @@ def test_ab_passes_a_builds_extra_arguments(tmp_path):
     assert (tmp_path / "out" / "ab" / "a_--cluster_4_--sms_8-s-1.log").exists()
 
 
-import re  # noqa: E402
-
-import tile_clock  # noqa: E402
-
-
 def tile_clock_line(what, product, tiles, kb, kloop, epi, gap):
     """A line as src/cuda/tile_clock.cuh prints it, from that file's own printf format."""
     src = (ROOT / "src/cuda/tile_clock.cuh").read_text()
     fmt = "".join(re.findall(r'"((?:[^"\\]|\\.)*)"', src[src.index('printf("tile clock'):]
                                                               .split(";")[0]))
     fmt = fmt.replace("%llu", "%d").replace("\\n", "")
-    return fmt % (what, product, tiles, kb, kloop / 1, epi, gap, kloop / kb)
+    return fmt % (what, product, tiles, kb, kloop, epi, gap, kloop / kb)
 
 
 def test_tile_clock_medians_per_product():
