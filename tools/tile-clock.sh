@@ -3,7 +3,8 @@
 # mok with the tile-clock probe (src/cuda/tile_clock.cuh) in a scratch copy of the tree, runs
 # `mok bench` of each shape, and prints per GEMM product the mean cycles a tile spends in its
 # k-loop (against 1024 a k-block for the math alone), its epilogue and before it (phantom tiles,
-# the wait for the next tile), from tools/tile_clock.py. Logs under $OUT (or results/).
+# the wait for the next tile), with the SM clock each product ran at and the share of its time
+# the producer waited for a free stage, from tools/tile_clock.py. Logs under $OUT (or results/).
 # Usage: tools/tile-clock.sh [SHAPE...]   (default: the six shapes of DESIGN.md section 7)
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."

@@ -1,6 +1,7 @@
 """tile_clock.py: the table of tools/tile-clock.sh from a `mok bench` log of a tile-clock build:
 per GEMM product of one forward and one backward, the medians over the calls of the bench of
-what src/cuda/tile_clock.cuh prints (cycles per tile, per consumer warpgroup).
+what src/cuda/tile_clock.cuh prints (cycles per tile, per consumer warpgroup; the SM clock;
+the producer's waiting share).
 Usage: python3 tools/tile_clock.py SHAPE FILE"""
 import re
 import statistics
@@ -9,9 +10,10 @@ import sys
 LINE = re.compile(r"tile clock \| (?P<what>[^|]+?) \| product (?P<p>\d) \| tiles (?P<tiles>\d+) \| "
                   r"k-blocks/tile (?P<kb>[\d.]+) \| cycles/tile: k-loop (?P<kloop>[\d.]+), "
                   r"epilogue (?P<epi>[\d.]+), before (?P<gap>[\d.]+) \| "
-                  r"k-loop cycles/k-block (?P<per>[\d.]+)")
+                  r"k-loop cycles/k-block (?P<per>[\d.]+) \| SM MHz (?P<mhz>[\d.]+) \| "
+                  r"producer waiting (?P<pwait>[\d.]+)")
 FORWARD = ["gate/up", "shared gate/up", "down", "shared down"]
-FIELDS = ("kb", "kloop", "epi", "gap", "per")
+FIELDS = ("kb", "kloop", "epi", "gap", "per", "mhz", "pwait")
 
 
 def table(shape, text):
@@ -24,15 +26,16 @@ def table(shape, text):
         raise SystemExit("no tile-clock lines (not a tile-clock build?)")
     calls = max(map(len, runs.values()))
     out = [f"{shape}: cycles a tile, per consumer warpgroup (medians over {calls} calls)",
-           "| product | tiles | k-blocks | k-loop | a k-block | epilogue | before | k-loop share |",
-           "|---|---:|---:|---:|---:|---:|---:|---:|"]
+           "| product | tiles | k-blocks | k-loop | a k-block | epilogue | before | k-loop share "
+           "| SM MHz | producer waiting |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for (what, p, tiles), rows in runs.items():
         med = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
         name = f"forward {FORWARD[p]}" if what == "forward" else what
         total = med["kloop"] + med["epi"] + med["gap"]
         out.append(f"| {name} | {tiles} | {med['kb']:.1f} | {med['kloop']:.0f} | "
                    f"{med['per']:.0f} | {med['epi']:.0f} | {med['gap']:.0f} | "
-                   f"{med['kloop'] / total:.2f} |")
+                   f"{med['kloop'] / total:.2f} | {med['mhz']:.0f} | {med['pwait']:.2f} |")
     return "\n".join(out)
 
 

@@ -80,28 +80,30 @@ def test_ab_passes_a_builds_extra_arguments(tmp_path):
     assert (tmp_path / "out" / "ab" / "a_--cluster_4_--sms_8-s-1.log").exists()
 
 
-def tile_clock_line(what, product, tiles, kb, kloop, epi, gap):
+def tile_clock_line(what, product, tiles, kb, kloop, epi, gap, mhz=1500.0, pwait=0.25):
     """A line as src/cuda/tile_clock.cuh prints it, from that file's own printf format."""
     src = (ROOT / "src/cuda/tile_clock.cuh").read_text()
     fmt = "".join(re.findall(r'"((?:[^"\\]|\\.)*)"', src[src.index('printf("tile clock'):]
                                                               .split(";")[0]))
     fmt = fmt.replace("%llu", "%d").replace("\\n", "")
-    return fmt % (what, product, tiles, kb, kloop, epi, gap, kloop / kb)
+    return fmt % (what, product, tiles, kb, kloop, epi, gap, kloop / kb, mhz, pwait)
 
 
 def test_tile_clock_medians_per_product():
     """tools/tile_clock.py: one row per (launch, product, tiles), medians over the calls, named
-    by product for the forward's launch; the two weight gradients stay apart by their tiles."""
+    by product for the forward's launch, with the SM clock and the producer's waiting share; the
+    two weight gradients stay apart by their tiles."""
     lines = []
     for kloop in (9000.0, 10000.0, 30000.0):  # three calls; the median is the middle one
-        lines += [tile_clock_line("forward", 0, 640, 24.0, kloop, 3000.0, 500.0),
-                  tile_clock_line("forward", 2, 384, 4.0, kloop / 6, 2000.0, 100.0),
+        lines += [tile_clock_line("forward", 0, 640, 24.0, kloop, 3000.0, 500.0, kloop / 10),
+                  tile_clock_line("forward", 2, 384, 4.0, kloop / 6, 2000.0, 100.0,
+                                  pwait=kloop / 20000),
                   tile_clock_line("weight gradient", 0, 35328, 8.5, kloop, 2400.0, 300.0),
                   tile_clock_line("weight gradient", 0, 69120, 8.5, kloop, 2400.0, 300.0)]
     out = tile_clock.table("gpt-oss-120b", "noise\n" + "\n".join(lines))
     assert "medians over 3 calls" in out
-    assert "| forward gate/up | 640 | 24.0 | 10000 | 417 | 3000 | 500 | 0.74 |" in out
-    assert "| forward down | 384 | 4.0 | 1667 | 417 | 2000 | 100 | 0.44 |" in out
+    assert "| forward gate/up | 640 | 24.0 | 10000 | 417 | 3000 | 500 | 0.74 | 1000 | 0.25 |" in out
+    assert "| forward down | 384 | 4.0 | 1667 | 417 | 2000 | 100 | 0.44 | 1500 | 0.50 |" in out
     assert out.count("| weight gradient |") == 2
 
 

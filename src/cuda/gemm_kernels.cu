@@ -278,28 +278,31 @@ MOK_DEV void epi_wgrad(const gemm_args *g, const gemm_tile *tl, int cw, float *d
     prefetch_tensormap(&g.a);                                                                \
     prefetch_tensormap(&g.b0);                                                               \
     const int total = COUNT;                                                                 \
+    TCLK(TCLK_PSTART)                                                                        \
     for (int q = blockIdx.x / ctas; q < total; q += gridDim.x / ctas) {                      \
       gemm_tile tl = TILE;                                                                   \
       for (int kb = 0; kb < tl.k_blocks; kb++, pipe.it++) {                                  \
+        TCLK(const unsigned pw0 = tclk_now();)                                               \
         int s = gemm_produce_begin(sm, &pipe, tl.valid);                                     \
+        TCLK(p_wait += tclk_now() - pw0;)                                                    \
         if (!tl.valid) continue;                                                             \
         uint64_t *bar = &sm->full[s];                                                        \
         __nv_bfloat16 *sa = sm->a[s], *sb = sm->b[s];                                        \
         LOAD;                                                                                \
       }                                                                                      \
+      TCLK(if (q + gridDim.x / ctas >= total) TCLK_PFLUSH(tclk_product);)                   \
     }                                                                                        \
   }
 
 #define GEMM_CONSUME(COUNT, TILE, A_MN, B_MN, EPI)                                           \
   {                                                                                          \
     const int total = COUNT;                                                                 \
-    TCLK(unsigned t_last = tclk_now(), c_kloop = 0, c_epi = 0, c_gap = 0, c_tiles = 0, c_kb = 0;) \
+    TCLK(TCLK_START)                                                                         \
     for (int q = blockIdx.x / ctas; q < total; q += gridDim.x / ctas) {                      \
       gemm_tile tl = TILE;                                                                   \
       if (!tl.valid) {                                                                       \
         gemm_consume_phantom(sm, &pipe, tl.k_blocks, ctas, cw);                              \
-        TCLK(if (q + gridDim.x / ctas >= total) tclk_flush(tclk_product, c_kloop, c_epi, c_gap, \
-                                                           c_tiles, c_kb);)                  \
+        TCLK(if (q + gridDim.x / ctas >= total) TCLK_FLUSH(tclk_product);)                  \
         continue;                                                                            \
       }                                                                                      \
       TCLK(const unsigned t0 = tclk_now(); c_gap += t0 - t_last;)                            \
@@ -307,8 +310,7 @@ MOK_DEV void epi_wgrad(const gemm_args *g, const gemm_tile *tl, int cw, float *d
       TCLK(const unsigned t1 = tclk_now(); c_kloop += t1 - t0;)                              \
       EPI(&g, &tl, cw, d);                                                                   \
       TCLK(t_last = tclk_now(); c_epi += t_last - t1; c_tiles++; c_kb += tl.k_blocks;        \
-           if (q + gridDim.x / ctas >= total) tclk_flush(tclk_product, c_kloop, c_epi, c_gap,   \
-                                                         c_tiles, c_kb);)                    \
+           if (q + gridDim.x / ctas >= total) TCLK_FLUSH(tclk_product);)                    \
     }                                                                                        \
   }
 
