@@ -75,8 +75,7 @@ static __device__ __forceinline__ void tclk_pflush(int product, unsigned wait, u
 #define TCLK_START                                                                            \
   unsigned t_last = tclk_now(), c_kloop = 0, c_epi = 0, c_gap = 0, c_tiles = 0, c_kb = 0;     \
   const unsigned c_start = t_last;                                                            \
-  const unsigned long long g_start = tclk_ns();                                               \
-  (void)c_kloop, (void)c_epi, (void)c_gap, (void)c_tiles, (void)c_kb, (void)c_start, (void)g_start;
+  const unsigned long long g_start = tclk_ns();
 #define TCLK_FLUSH(P)                                                                         \
   tclk_flush(P, c_kloop, c_epi, c_gap, c_tiles, c_kb, tclk_now() - c_start, tclk_ns() - g_start)
 
