@@ -316,17 +316,23 @@ MOK_DEV void quad_transpose(uint32_t w[4]) {
 }
 
 /* Stores the quad's words v (groups 4b.. of a row, as above) at columns col0 + 8t.. of `row`
- * (bf16; NULL or columns >= n: nothing). Every thread of the warp must call it. */
-MOK_DEV void store_bf16_quad(char *row, int col0, int n, uint32_t v[4]) {
+ * (bf16; NULL or columns >= n: nothing). Every thread of the warp must call it. last: nothing
+ * in this launch reads the rows again, so they are stored evict-first (st.global.cs) and leave
+ * L2 to the operands that are read again. */
+MOK_DEV void store_bf16_quad(char *row, int col0, int n, uint32_t v[4], int last) {
   quad_transpose(v);
   const int col = col0 + 8 * (threadIdx.x % 4);
-  if (row && col < n) *(uint4 *)(row + (size_t)col * 2) = make_uint4(v[0], v[1], v[2], v[3]);
+  if (!row || col >= n) return;
+  uint4 *p = (uint4 *)(row + (size_t)col * 2);
+  const uint4 x = make_uint4(v[0], v[1], v[2], v[3]);
+  if (last) __stcs(p, x);
+  else *p = x;
 }
 
 /* Row half h of the accumulators, groups j0 .. j0 + 4 * blocks - 1, as bf16 at columns
  * col0 + 8(j - j0).. of `row` (NULL: nothing, but the quad exchange still runs). */
 MOK_DEV void store_bf16_row(char *row, int col0, int n, const float *d, int h, int j0,
-                            int blocks) {
+                            int blocks, int last) {
 #pragma unroll
   for (int b = 0; b < blocks; b++) {
     uint32_t v[4];
@@ -335,7 +341,7 @@ MOK_DEV void store_bf16_row(char *row, int col0, int n, const float *d, int h, i
       const float *x = d + 4 * (j0 + 4 * b + jo) + 2 * h;
       v[jo] = pack_bf16x2(x[0], x[1]);
     }
-    store_bf16_quad(row, col0 + 32 * b, n, v);
+    store_bf16_quad(row, col0 + 32 * b, n, v, last);
   }
 }
 

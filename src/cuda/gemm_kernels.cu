@@ -104,7 +104,7 @@ MOK_DEV void epi_rows(const gemm_args *g, const gemm_tile *tl, int cw, float *d)
       char *row = src >= 0 ? (char *)g->peer_out[src / g->slots_cap] +
                                  (size_t)(src % g->slots_cap) * g->ld_out * 2
                            : NULL;
-      store_bf16_row(row, tl->n0, g->n, d, h, 0, 8);
+      store_bf16_row(row, tl->n0, g->n, d, h, 0, 8, 0);
     } else {
       float *row = r < g->rows_valid ? (float *)g->out0 + (size_t)r * g->ld_out : NULL;
       store_f32_row(row, tl->n0, g->n, d, h, 0);
@@ -114,7 +114,8 @@ MOK_DEV void epi_rows(const gemm_args *g, const gemm_tile *tl, int cw, float *d)
 
 /* Gate/up forward: tile columns [0,128) are gate and [128,256) up, for i = n0 + c.
  * gu = [bf16(g) | bf16(u)], hw = bf16(w * silu(ĝ) * û) from the rounded values, which replace
- * the accumulators (no second copy of the tile in registers). */
+ * the accumulators (no second copy of the tile in registers). Only the backward reads gu, so it
+ * is stored evict-first; down reads hw next, from L2 where it can. */
 MOK_DEV void epi_swiglu_fwd(const gemm_args *g, const gemm_tile *tl, int cw, float *d) {
   const acc_pos p = acc_position();
   const int I = g->n;
@@ -127,8 +128,8 @@ MOK_DEV void epi_swiglu_fwd(const gemm_args *g, const gemm_tile *tl, int cw, flo
     char *gu = valid ? (char *)g->out0 + (size_t)r * 2 * I * 2 : NULL;
     char *hw = valid ? (char *)g->out1 + (size_t)r * I * 2 : NULL;
     const float w = !valid ? 0.0f : g->row_weight ? g->row_weight[r] : 1.0f;
-    store_bf16_row(gu, tl->n0, I, d, h, 0, 4);
-    store_bf16_row(gu ? gu + (size_t)I * 2 : NULL, tl->n0, I, d, h, 16, 4);
+    store_bf16_row(gu, tl->n0, I, d, h, 0, 4, 1);
+    store_bf16_row(gu ? gu + (size_t)I * 2 : NULL, tl->n0, I, d, h, 16, 4, 1);
 #pragma unroll
     for (int b = 0; b < 4; b++) {
       uint32_t v[4];
@@ -137,7 +138,7 @@ MOK_DEV void epi_swiglu_fwd(const gemm_args *g, const gemm_tile *tl, int cw, flo
         const float *gv = d + 4 * (4 * b + jo) + 2 * h, *uv = gv + 64;
         v[jo] = pack_bf16x2(w * silu_f(gv[0]) * uv[0], w * silu_f(gv[1]) * uv[1]);
       }
-      store_bf16_quad(hw, tl->n0 + 32 * b, I, v);
+      store_bf16_quad(hw, tl->n0 + 32 * b, I, v, 0);
     }
   }
 }
@@ -225,8 +226,8 @@ MOK_DEV void epi_swiglu_bwd(const gemm_args *g, const gemm_tile *tl, int cw, flo
 #pragma unroll
     for (int b = 0; b < 2; b++) {
       const int col = tl->n0 + 64 * q + 32 * b;
-      store_bf16_quad(dgu, col, I, dg + 4 * b);
-      store_bf16_quad(dgu ? dgu + (size_t)I * 2 : NULL, col, I, du + 4 * b);
+      store_bf16_quad(dgu, col, I, dg + 4 * b, 0);
+      store_bf16_quad(dgu ? dgu + (size_t)I * 2 : NULL, col, I, du + 4 * b, 0);
     }
     part += __shfl_xor_sync(0xffffffffu, part, 1);
     part += __shfl_xor_sync(0xffffffffu, part, 2);
@@ -238,8 +239,8 @@ MOK_DEV void epi_swiglu_bwd(const gemm_args *g, const gemm_tile *tl, int cw, flo
 }
 
 /* Weight gradient of expert e: row m < k_split goes to out0[e][m], else out1[e][m - k_split];
- * a bf16 store, or fp32 out += acc: one add per element by the memory system, so the result does
- * not depend on timing. */
+ * a bf16 store (evict-first: mok never reads it), or fp32 out += acc: one add per element by the
+ * memory system, so the result does not depend on timing. */
 MOK_DEV void epi_wgrad(const gemm_args *g, const gemm_tile *tl, int cw, float *d) {
   const acc_pos p = acc_position();
   const int split = g->k_split, rest = g->m - g->k_split, esz = g->accumulate ? 4 : 2;
@@ -252,7 +253,7 @@ MOK_DEV void epi_wgrad(const gemm_args *g, const gemm_tile *tl, int cw, float *d
       row = (char *)(m < split ? g->out0 : g->out1) + r * g->ld_out * esz;
     }
     if (g->accumulate) store_f32_row((float *)row, tl->n0, g->n, d, h, 1);
-    else store_bf16_row(row, tl->n0, g->n, d, h, 0, 8);
+    else store_bf16_row(row, tl->n0, g->n, d, h, 0, 8, 1);
   }
 }
 
