@@ -107,7 +107,7 @@ check cli/bench_digest_other_seed 0 'outputs fnv64: [0-9a-f]{16}' -- sh -c "
 # tools/ab.sh, the A/B driver for the device, on the CPU backend: a row per run, a missing build
 # is a row that says so, not a stop.
 ab=(env OUT="$tmp" SHAPES=fine-7b REPS=1 ARGS="--backend cpu --scale 1/64 --warmup 0 --repeat 1")
-check cli/ab_bench 0 '\| 1 \| fine-7b \| here \| [0-9.]+ \| [0-9.]+ \| same \| - \| - \|' -- \
+check cli/ab_bench 0 '\| 1 \| fine-7b \| here \| [0-9.]+ \| [0-9.]+ \| same \| - \| - \| [0-9.]+ \| [0-9.]+ \|' -- \
   "${ab[@]}" tools/ab.sh bench
 # With an nvidia-smi that reports a busy and an idle sample every 50 ms: the busy ones' means.
 mkdir -p "$tmp/smi"

@@ -11,7 +11,10 @@
 #                                each with its = as a space (main@--cluster=4: the same mok with
 #                                `--cluster 4`); logs under $OUT (or results/), a table last,
 #                                with the mean SM clock and power while the GPU was busy (GPU 0's
-#                                nvidia-smi samples every 50 ms with utilisation >= 90 %)
+#                                nvidia-smi samples every 50 ms with utilisation >= 90 %) and
+#                                each run's fastest call (bench's min ms: the medians of short
+#                                runs follow the clock's two levels, the minima much less;
+#                                perf-log, twenty-third session)
 #
 # The table's bits column: "same" when a run repeated its own bits and gave the outputs of the
 # shape's reference build (mok bench's "outputs fnv64", the same inputs for every build), which
@@ -50,8 +53,9 @@ bench)
   read -r -a args <<< "${ARGS:---warmup 3 --repeat 20}"
   table="$out/table.md"
   declare -A ref_digest ref_build # per shape: the reference build's outputs hash, and its name
-  echo "| round | shape | build | fwd ms | bwd ms | bits | SM MHz | W |" > "$table"
-  echo "|---|---|---|---:|---:|---|---:|---:|" >> "$table"
+  echo "| round | shape | build | fwd ms | bwd ms | bits | SM MHz | W | fwd min | bwd min |" \
+    > "$table"
+  echo "|---|---|---|---:|---:|---|---:|---:|---:|---:|" >> "$table"
   for r in $(seq "${REPS:-2}"); do
     for shape in ${SHAPES:-mixtral-8x7b}; do
       for b in ${BUILDS:-here}; do
@@ -71,8 +75,10 @@ bench)
         if [ -n "$smi" ]; then kill "$smi" 2> /dev/null || true; wait "$smi" 2> /dev/null || true; fi
         fwd=$(awk '$1 == "forward" {print $2; exit}' "$log")
         bwd=$(awk '$1 == "backward" {print $2; exit}' "$log")
+        mins=$(awk '$1 == "forward" && !f {f = $3} $1 == "backward" && !b {b = $3}
+                    END {printf "%s | %s", f, b}' "$log")
         if [ -z "$fwd" ] || [ -z "$bwd" ]; then
-          echo "| $r | $shape | $b | failed (exit $rc) | see $log | | | |" | tee -a "$table"
+          echo "| $r | $shape | $b | failed (exit $rc) | see $log | | | | | |" | tee -a "$table"
           continue
         fi
         digest=$(awk '$1 == "outputs" && $2 == "fnv64:" {print $3; exit}' "$log")
@@ -86,7 +92,7 @@ bench)
         busy=$(awk -F', *' '$3 + 0 >= 90 {c += $1; p += $2; n++}
                             END {if (n) printf "%.0f | %.0f", c / n, p / n; else print "- | -"}' \
                "$log.smi")
-        echo "| $r | $shape | $b | $fwd | $bwd | $bits | $busy |" | tee -a "$table"
+        echo "| $r | $shape | $b | $fwd | $bwd | $bits | $busy | $mins |" | tee -a "$table"
       done
     done
   done

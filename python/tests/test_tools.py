@@ -55,8 +55,8 @@ echo "  outputs fnv64: $DIGEST"
 
 
 def test_ab_passes_a_builds_extra_arguments(tmp_path):
-    """tools/ab.sh bench: a build NAME@A,B runs NAME's mok with A B (each = a space), and the
-    bits column compares every build's digest with the first's."""
+    """tools/ab.sh bench: a build NAME@A,B runs NAME's mok with A B (each = a space), the bits
+    column compares every build's digest with the first's, and the last two give bench's min ms."""
     import os
     import subprocess
     for name, digest in (("a", "d1"), ("b", "d2")):
@@ -74,6 +74,7 @@ def test_ab_passes_a_builds_extra_arguments(tmp_path):
         [" a ", " 1.000 ", " 3.000 ", " same "],
         [" a@--cluster=4,--sms=8 ", " 2.000 ", " 3.000 ", " same "],
         [" b ", " 1.000 ", " 3.000 ", " other than a "]]
+    assert [r.split("|")[9:11] for r in rows[:3]] == [[" 1.0 ", " 1.0 "]] * 3  # bench's min ms
     argv = (tmp_path / "exp" / "a" / "argv").read_text().splitlines()
     assert argv[0].endswith("bench --shape s --warmup 0")
     assert argv[1].endswith("bench --shape s --warmup 0 --cluster 4 --sms 8")
