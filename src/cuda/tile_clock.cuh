@@ -17,6 +17,8 @@
 #ifdef MOK_TILE_CLOCK
 #include <cstdio>
 
+#include "cuda/ptx.cuh"
+
 enum { TCLK_KLOOP, TCLK_EPI, TCLK_GAP, TCLK_TILES, TCLK_KB, TCLK_SPAN, TCLK_NS, TCLK_N };
 #define TCLK_PRODUCTS 4
 #define TCLK_SLOTS 320 /* two consumer warpgroups of up to 160 CTAs */
@@ -29,12 +31,6 @@ static __device__ __forceinline__ unsigned tclk_now(void) {
   unsigned c;
   asm volatile("mov.u32 %0, %%clock;" : "=r"(c));
   return c;
-}
-
-static __device__ __forceinline__ unsigned long long tclk_ns(void) {
-  unsigned long long t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
 }
 
 /* The counts are kept in registers through a product's tiles (32-bit: a difference of two clock
@@ -75,9 +71,9 @@ static __device__ __forceinline__ void tclk_pflush(int product, unsigned wait, u
 #define TCLK_START                                                                            \
   unsigned t_last = tclk_now(), c_kloop = 0, c_epi = 0, c_gap = 0, c_tiles = 0, c_kb = 0;     \
   const unsigned c_start = t_last;                                                            \
-  const unsigned long long g_start = tclk_ns();
+  const unsigned long long g_start = globaltimer_ns();
 #define TCLK_FLUSH(P)                                                                         \
-  tclk_flush(P, c_kloop, c_epi, c_gap, c_tiles, c_kb, tclk_now() - c_start, tclk_ns() - g_start)
+  tclk_flush(P, c_kloop, c_epi, c_gap, c_tiles, c_kb, tclk_now() - c_start, globaltimer_ns() - g_start)
 
 /* launch: 0 the forward's, 1 + gemm_kind - GEMM_DGRAD_DOWN a backward product's (names here:
  * a host string would be an illegal address on the device). */
