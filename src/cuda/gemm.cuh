@@ -94,17 +94,30 @@ MOK_DEV void tile_order(int q, int mb_count, int nb_count, int *mb, int *nb) {
 
 MOK_DEV int ceil_div_dev(int a, int b) { return (a + b - 1) / b; }
 
+/* The words of the schedule a product's tile lookups read, kept across its tiles by each side
+ * (producer, consumers): the schedule does not change during a product, but the epilogues' stores
+ * might alias it, so the compiler loads it again every tile, and each load stood before the tile
+ * for most of a memory latency (tile clock, twenty-second session). */
+typedef struct tile_memo {
+  int m_tiles;                /* row-grouped: offsets[experts] / BM; -1 until loaded */
+  int expert, k_row0, k_rows; /* weight gradients: the last tile's expert (-1: none), its rows */
+} tile_memo;
+#define TILE_MEMO_INIT {-1, -1, 0, 0}
+
 /* Row-grouped products: M tiles over routed rows, N tiles of width `bn_out`. */
-MOK_DEV int rowgroup_m_tiles(const gemm_args *g) {
-  return g->offsets ? g->offsets[g->experts] / GEMM_BM : g->m_tiles_max;
+MOK_DEV int rowgroup_m_tiles(const gemm_args *g, tile_memo *memo) {
+  if (!g->offsets) return g->m_tiles_max;
+  if (memo->m_tiles < 0) memo->m_tiles = g->offsets[g->experts] / GEMM_BM;
+  return memo->m_tiles;
 }
 
-MOK_DEV int rowgroup_block_count(const gemm_args *g, int bn_out, int cn) {
-  return gemm_blocks(rowgroup_m_tiles(g), g->n, bn_out, cn);
+MOK_DEV int rowgroup_block_count(const gemm_args *g, int bn_out, int cn, tile_memo *memo) {
+  return gemm_blocks(rowgroup_m_tiles(g, memo), g->n, bn_out, cn);
 }
 
-MOK_DEV gemm_tile rowgroup_tile(const gemm_args *g, int q, int bn_out, int rank, int cn) {
-  const int n_tiles = ceil_div_dev(g->n, bn_out), m_tiles = rowgroup_m_tiles(g);
+MOK_DEV gemm_tile rowgroup_tile(const gemm_args *g, int q, int bn_out, int rank, int cn,
+                                tile_memo *memo) {
+  const int n_tiles = ceil_div_dev(g->n, bn_out), m_tiles = rowgroup_m_tiles(g, memo);
   int mb, nb;
   tile_order(q, ceil_div_dev(m_tiles, GEMM_CM), ceil_div_dev(n_tiles, cn), &mb, &nb);
   const int m_first = GEMM_CM * mb, mt = m_first + rank_m(rank);
@@ -133,7 +146,7 @@ MOK_DEV int wgrad_block_count(const gemm_args *g, int cn) {
   return g->experts * gemm_blocks(g->m_tiles_max, g->n, GEMM_BN, cn);
 }
 
-MOK_DEV gemm_tile wgrad_tile(const gemm_args *g, int q, int rank, int cn) {
+MOK_DEV gemm_tile wgrad_tile(const gemm_args *g, int q, int rank, int cn, tile_memo *memo) {
   const int n_tiles = ceil_div_dev(g->n, GEMM_BN), m_tiles = g->m_tiles_max;
   const int mb_count = ceil_div_dev(m_tiles, GEMM_CM), nb_count = ceil_div_dev(n_tiles, cn);
   gemm_tile r;
@@ -147,8 +160,13 @@ MOK_DEV gemm_tile wgrad_tile(const gemm_args *g, int q, int rank, int cn) {
   r.b_shared = GEMM_CM * mb + 1 < m_tiles && nt < n_tiles;
   r.a_shared = cn == 2 && cn * nb + 1 < n_tiles && mt < m_tiles;
   if (g->offsets) {
-    r.k_row0 = g->offsets[r.expert];
-    r.k_blocks = ceil_div_dev(g->counts[r.expert], GEMM_BK);
+    if (memo->expert != r.expert) { /* a CTA's next tile often has the same expert */
+      memo->expert = r.expert;
+      memo->k_row0 = g->offsets[r.expert];
+      memo->k_rows = g->counts[r.expert];
+    }
+    r.k_row0 = memo->k_row0;
+    r.k_blocks = ceil_div_dev(memo->k_rows, GEMM_BK);
   } else {
     r.k_row0 = 0;
     r.k_blocks = (g->k + GEMM_BK - 1) / GEMM_BK;
@@ -315,18 +333,22 @@ MOK_DEV void quad_transpose(uint32_t w[4]) {
   }
 }
 
-/* Stores the quad's words v (groups 4b.. of a row, as above) at columns col0 + 8t.. of `row`
- * (bf16; NULL or columns >= n: nothing). Every thread of the warp must call it. last: nothing
- * in this launch reads the rows again, so they are stored evict-first (st.global.cs) and leave
- * L2 to the operands that are read again. */
-MOK_DEV void store_bf16_quad(char *row, int col0, int n, uint32_t v[4], int last) {
-  quad_transpose(v);
-  const int col = col0 + 8 * (threadIdx.x % 4);
+/* store_bf16_own stores a thread's 16 bytes v, bf16 columns col.. of `row` (NULL or columns
+ * >= n: nothing); store_bf16_quad the quad's words v (groups 4b.. of a row, as above) at
+ * columns col0 + 8t.., and every thread of the warp must call it. last: nothing in this launch
+ * reads the rows again, so they are stored evict-first (st.global.cs) and leave L2 to the
+ * operands that are read again. */
+MOK_DEV void store_bf16_own(char *row, int col, int n, const uint32_t v[4], int last) {
   if (!row || col >= n) return;
   uint4 *p = (uint4 *)(row + (size_t)col * 2);
   const uint4 x = make_uint4(v[0], v[1], v[2], v[3]);
   if (last) __stcs(p, x);
   else *p = x;
+}
+
+MOK_DEV void store_bf16_quad(char *row, int col0, int n, uint32_t v[4], int last) {
+  quad_transpose(v);
+  store_bf16_own(row, col0 + 8 * (threadIdx.x % 4), n, v, last);
 }
 
 /* Row half h of the accumulators, groups j0 .. j0 + 4 * blocks - 1, as bf16 at columns

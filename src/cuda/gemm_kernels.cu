@@ -147,87 +147,105 @@ MOK_DEV void epi_swiglu_fwd(const gemm_args *g, const gemm_tile *tl, int cw, flo
  * router-gradient partial per 64-column chunk summed in thread order, then the quad in xor
  * order (fixed).
  * The thread's 128 elements come in 8 groups (its two rows x four 64-column chunks). Loads and
- * stores are 16 bytes per thread, moved to and from the accumulator layout by quad_transpose
- * (its own inverse). Group c is computed into registers, then the loads of group c + 2 are
- * issued, then group c is stored: a load after a store may alias it, so with loads and stores
- * interleaved every pair waited out a full memory latency in turn, and this epilogue cost more
- * than the k-loop (ncu, perf-log 2026-12-02 86bffbf: 311 TF/s on mixtral, 213 on gpt-oss). Two
- * groups in flight, not one: with one, each of the 8 groups waited out a load in turn, and the
- * epilogue was a fifth of mixtral's down dgrad (perf-log 2026-12-02 394766a; two: 2026-12-03). */
+ * stores are 16 bytes per thread, 8 columns in a run; the accumulators (dh) are moved to that
+ * layout by quad_transpose, their x and y words apart, so that ĝ, û and dgu need none: 4
+ * transposes a group instead of 8, of 16 instructions each (a quarter of this epilogue's
+ * instructions went to them). Each half of group c (16 bytes of ĝ and of û) is computed into
+ * registers, then the same half of group c + 2 is loaded into them, then the half's dgu is
+ * stored: a load after a store may alias it, so with loads and stores interleaved every pair
+ * waited out a full memory latency in turn, and this epilogue cost more than the k-loop (ncu,
+ * perf-log 2026-12-02 86bffbf: 311 TF/s on mixtral, 213 on gpt-oss). Two groups in flight, not
+ * one: with one, each of the 8 groups waited out a load in turn, and the epilogue was a fifth of
+ * mixtral's down dgrad (perf-log 2026-12-02 394766a; two: 2026-12-03). Computing and storing
+ * half a group at a time keeps 8 words of dgu in registers, not 16 (16 made ptxas spill). */
 typedef struct gu_group {
   uint32_t g[8], u[8]; /* as loaded: words 4b.. hold columns 32b + 8t .. + 7 of the chunk */
 } gu_group;
 
+/* Half b of group c: columns 32b + 8t .. + 7 of its chunk, into words 4b.. of v. */
 MOK_DEV void gu_group_load(const gemm_args *g, const gemm_tile *tl, acc_pos p, int cw, int c,
-                           gu_group *v) {
+                           int b, gu_group *v) {
   const int I = g->n, h = c / 4, q = c % 4;
   const int r = tl->m0 + cw * 64 + p.row + 8 * h;
   const bool valid = r < g->rows_valid;
   const __nv_bfloat16 *gu = g->gu_in + (size_t)(valid ? r : 0) * 2 * I;
-#pragma unroll
-  for (int b = 0; b < 2; b++) {
-    const int i = tl->n0 + 64 * q + 32 * b + 8 * (threadIdx.x % 4);
-    const bool ok = valid && i < I;
-    const uint4 z = make_uint4(0, 0, 0, 0);
-    const uint4 x = ok ? __ldg((const uint4 *)(gu + i)) : z;
-    const uint4 y = ok ? __ldg((const uint4 *)(gu + I + i)) : z;
-    v->g[4 * b] = x.x, v->g[4 * b + 1] = x.y, v->g[4 * b + 2] = x.z, v->g[4 * b + 3] = x.w;
-    v->u[4 * b] = y.x, v->u[4 * b + 1] = y.y, v->u[4 * b + 2] = y.z, v->u[4 * b + 3] = y.w;
-  }
+  const int i = tl->n0 + 64 * q + 32 * b + 8 * (threadIdx.x % 4);
+  const bool ok = valid && i < I;
+  const uint4 z = make_uint4(0, 0, 0, 0);
+  const uint4 x = ok ? __ldg((const uint4 *)(gu + i)) : z;
+  const uint4 y = ok ? __ldg((const uint4 *)(gu + I + i)) : z;
+  v->g[4 * b] = x.x, v->g[4 * b + 1] = x.y, v->g[4 * b + 2] = x.z, v->g[4 * b + 3] = x.w;
+  v->u[4 * b] = y.x, v->u[4 * b + 1] = y.y, v->u[4 * b + 2] = y.z, v->u[4 * b + 3] = y.w;
 }
 
 MOK_DEV float2 bf16x2_to_float2(uint32_t w) {
   return __bfloat1622float2(*(const __nv_bfloat162 *)&w);
 }
 
+/* Row half h's router weight and the slot of its router-gradient partials (-1: none). */
+MOK_DEV void row_words(const gemm_args *g, const gemm_tile *tl, acc_pos p, int cw, int h,
+                       float *w, int *slot) {
+  const int r = tl->m0 + cw * 64 + p.row + 8 * h;
+  const bool valid = r < g->rows_valid;
+  *w = valid && g->row_weight ? g->row_weight[r] : 1.0f;
+  *slot = valid && g->peer_aux ? g->row_src[r] : -1;
+}
+
 MOK_DEV void epi_swiglu_bwd(const gemm_args *g, const gemm_tile *tl, int cw, float *d) {
   const acc_pos p = acc_position();
   const int I = g->n;
   gu_group v[2];
-  gu_group_load(g, tl, p, cw, 0, &v[0]);
-  gu_group_load(g, tl, p, cw, 1, &v[1]);
+#pragma unroll
+  for (int b = 0; b < 2; b++) {
+    gu_group_load(g, tl, p, cw, 0, b, &v[0]);
+    gu_group_load(g, tl, p, cw, 1, b, &v[1]);
+  }
   float w[2];   /* per row: router weight, and the slot of its router-gradient partials */
   int slot[2];
-#pragma unroll
-  for (int h = 0; h < 2; h++) {
-    const int r = tl->m0 + cw * 64 + p.row + 8 * h;
-    const bool valid = r < g->rows_valid;
-    w[h] = valid && g->row_weight ? g->row_weight[r] : 1.0f;
-    slot[h] = valid && g->peer_aux ? g->row_src[r] : -1;
-  }
+  row_words(g, tl, p, cw, 0, &w[0], &slot[0]);
 #pragma unroll
   for (int c = 0; c < 8; c++) {
+    /* Row 1's words two groups before their first use: loaded with row 0's, they were held
+     * through groups 0-3, and with the tile memo ptxas spilled. */
+    if (c == 2) row_words(g, tl, p, cw, 1, &w[1], &slot[1]);
     const int h = c / 4, q = c % 4;
     const int r = tl->m0 + cw * 64 + p.row + 8 * h;
     const bool valid = r < g->rows_valid;
     gu_group *vc = &v[c % 2];
-#pragma unroll
-    for (int b = 0; b < 2; b++) {
-      quad_transpose(vc->g + 4 * b);
-      quad_transpose(vc->u + 4 * b);
-    }
-    uint32_t dg[8], du[8];
+    char *dgu = valid ? (char *)g->out0 + (size_t)r * 2 * I * 2 : NULL;
     float part = 0.0f;
 #pragma unroll
-    for (int jj = 0; jj < 8; jj++) {
-      const int j = 8 * q + jj;
-      const float2 gf = bf16x2_to_float2(vc->g[jj]), uf = bf16x2_to_float2(vc->u[jj]);
-      float dh0 = d[4 * j + 2 * h], dh1 = d[4 * j + 2 * h + 1];
-      float s0 = sigmoid_f(gf.x), s1 = sigmoid_f(gf.y);
-      part = part + dh0 * silu_f(gf.x) * uf.x; /* zero where the load was skipped */
-      part = part + dh1 * silu_f(gf.y) * uf.y;
-      float d0 = w[h] * dh0, d1 = w[h] * dh1;
-      dg[jj] = pack_bf16x2(d0 * uf.x * s0 * (1.0f + gf.x * (1.0f - s0)),
-                           d1 * uf.y * s1 * (1.0f + gf.y * (1.0f - s1)));
-      du[jj] = pack_bf16x2(d0 * gf.x * s0, d1 * gf.y * s1);
-    }
-    if (c + 2 < 8) gu_group_load(g, tl, p, cw, c + 2, vc);
-    char *dgu = valid ? (char *)g->out0 + (size_t)r * 2 * I * 2 : NULL;
-#pragma unroll
     for (int b = 0; b < 2; b++) {
-      const int col = tl->n0 + 64 * q + 32 * b;
-      store_bf16_quad(dgu, col, I, dg + 4 * b, 0);
-      store_bf16_quad(dgu ? dgu + (size_t)I * 2 : NULL, col, I, du + 4 * b, 0);
+      /* dh of groups 4b.. of the chunk: word i of x (y) is column 8i + 2t (+ 1); transposed in
+       * place, word k is column 8t + 2k (+ 1), as the loaded word k of ĝ and û */
+      float *dh = d + 4 * (8 * q + 4 * b) + 2 * h; /* word i of x at dh[4i], of y at dh[4i + 1] */
+#pragma unroll
+      for (int xy = 0; xy < 2; xy++) {
+        uint32_t t[4];
+#pragma unroll
+        for (int i = 0; i < 4; i++) t[i] = __float_as_uint(dh[4 * i + xy]);
+        quad_transpose(t);
+#pragma unroll
+        for (int i = 0; i < 4; i++) dh[4 * i + xy] = __uint_as_float(t[i]);
+      }
+      uint32_t dg[4], du[4];
+#pragma unroll
+      for (int k = 0; k < 4; k++) {
+        const float2 gf = bf16x2_to_float2(vc->g[4 * b + k]);
+        const float2 uf = bf16x2_to_float2(vc->u[4 * b + k]);
+        const float dh0 = dh[4 * k], dh1 = dh[4 * k + 1];
+        float s0 = sigmoid_f(gf.x), s1 = sigmoid_f(gf.y);
+        part = part + dh0 * silu_f(gf.x) * uf.x; /* zero where the load was skipped */
+        part = part + dh1 * silu_f(gf.y) * uf.y;
+        float d0 = w[h] * dh0, d1 = w[h] * dh1;
+        dg[k] = pack_bf16x2(d0 * uf.x * s0 * (1.0f + gf.x * (1.0f - s0)),
+                            d1 * uf.y * s1 * (1.0f + gf.y * (1.0f - s1)));
+        du[k] = pack_bf16x2(d0 * gf.x * s0, d1 * gf.y * s1);
+      }
+      if (c + 2 < 8) gu_group_load(g, tl, p, cw, c + 2, b, vc);
+      const int col = tl->n0 + 64 * q + 32 * b + 8 * (threadIdx.x % 4);
+      store_bf16_own(dgu, col, I, dg, 0);
+      store_bf16_own(dgu ? dgu + (size_t)I * 2 : NULL, col, I, du, 0);
     }
     part += __shfl_xor_sync(0xffffffffu, part, 1);
     part += __shfl_xor_sync(0xffffffffu, part, 2);
@@ -278,6 +296,7 @@ MOK_DEV void epi_wgrad(const gemm_args *g, const gemm_tile *tl, int cw, float *d
   {                                                                                          \
     prefetch_tensormap(&g.a);                                                                \
     prefetch_tensormap(&g.b0);                                                               \
+    tile_memo memo = TILE_MEMO_INIT; /* COUNT and TILE read and fill it */                   \
     const int total = COUNT;                                                                 \
     TCLK(TCLK_PSTART)                                                                        \
     for (int q = blockIdx.x / ctas; q < total; q += gridDim.x / ctas) {                      \
@@ -297,6 +316,7 @@ MOK_DEV void epi_wgrad(const gemm_args *g, const gemm_tile *tl, int cw, float *d
 
 #define GEMM_CONSUME(COUNT, TILE, A_MN, B_MN, EPI)                                           \
   {                                                                                          \
+    tile_memo memo = TILE_MEMO_INIT; /* COUNT and TILE read and fill it */                   \
     const int total = COUNT;                                                                 \
     TCLK(TCLK_START)                                                                         \
     for (int q = blockIdx.x / ctas; q < total; q += gridDim.x / ctas) {                      \
@@ -332,9 +352,14 @@ MOK_DEV void epi_wgrad(const gemm_args *g, const gemm_tile *tl, int cw, float *d
 
 #define KERNEL template <int CN> __global__ void __launch_bounds__(GEMM_THREADS, 1)
 
+/* A row-grouped product's COUNT and TILE, of tiles `BN` wide (the product's gemm_args g, the
+ * block q, and the side's memo in scope). */
+#define ROWGROUP_COUNT(BN) rowgroup_block_count(&g, BN, CN, &memo)
+#define ROWGROUP_TILE(BN) rowgroup_tile(&g, q, BN, rank, CN, &memo)
+
 /* A [rows, H] K-major; B[n = i, k = h] = W_down[e][h, i]: MN-major boxes [64 h][64 i]. */
 KERNEL gemm_dgrad_down(const __grid_constant__ gemm_args g) {
-  GEMM_KERNEL_BODY(rowgroup_block_count(&g, GEMM_BN, CN), rowgroup_tile(&g, q, GEMM_BN, rank, CN),
+  GEMM_KERNEL_BODY(ROWGROUP_COUNT(GEMM_BN), ROWGROUP_TILE(GEMM_BN),
                    (load_a_kmajor(&g, sa, bar, &tl, rank, CN, kb * 64),
                     load_b_mn<true>(sb, bar, &tl, rank, &g.b0, kb * 64, tl.expert)),
                    0, 1, epi_swiglu_bwd)
@@ -350,7 +375,7 @@ MOK_DEV void load_gateup_mn(const gemm_args *g, __nv_bfloat16 *sb, uint64_t *bar
 
 /* A [rows, 2I] K-major (dgu); B from W_gate then W_up, MN-major. */
 KERNEL gemm_dgrad_gateup(const __grid_constant__ gemm_args g) {
-  GEMM_KERNEL_BODY(rowgroup_block_count(&g, GEMM_BN, CN), rowgroup_tile(&g, q, GEMM_BN, rank, CN),
+  GEMM_KERNEL_BODY(ROWGROUP_COUNT(GEMM_BN), ROWGROUP_TILE(GEMM_BN),
                    (load_a_kmajor(&g, sa, bar, &tl, rank, CN, kb * 64),
                     load_gateup_mn(&g, sb, bar, &tl, rank, kb)),
                    0, 1, epi_rows)
@@ -361,23 +386,22 @@ KERNEL gemm_dgrad_gateup(const __grid_constant__ gemm_args g) {
  * down (A and B K-major, rows to their slots; it reads hw, which gate/up wrote); combine by the
  * consumer threads (the producer warpgroup keeps 40 registers). One pipeline runs on through
  * the products. */
-#define FWD_GATEUP_TILE rowgroup_tile(&g, q, GEMM_BN_GATEUP, rank, CN)
+#define FWD_GATEUP_TILE ROWGROUP_TILE(GEMM_BN_GATEUP)
 #define FWD_GATEUP_LOAD                                                                      \
   (load_a_kmajor(&g, sa, bar, &tl, rank, CN, kb * 64),                                       \
    load_b_kmajor(sb, bar, &tl, rank, &g.b0, tl.n0, &g.b1, tl.n0, kb * 64))
-#define FWD_DOWN_TILE rowgroup_tile(&g, q, GEMM_BN, rank, CN)
+#define FWD_DOWN_TILE ROWGROUP_TILE(GEMM_BN)
 #define FWD_DOWN_LOAD                                                                        \
   (load_a_kmajor(&g, sa, bar, &tl, rank, CN, kb * 64),                                       \
    load_b_kmajor(sb, bar, &tl, rank, &g.b0, tl.n0, &g.b0, tl.n0 + 128, kb * 64))
 #define PRODUCE_FWD_GATEUP                                                                   \
-  GEMM_PRODUCE(rowgroup_block_count(&g, GEMM_BN_GATEUP, CN), FWD_GATEUP_TILE, FWD_GATEUP_LOAD)
+  GEMM_PRODUCE(ROWGROUP_COUNT(GEMM_BN_GATEUP), FWD_GATEUP_TILE, FWD_GATEUP_LOAD)
 #define CONSUME_FWD_GATEUP                                                                   \
-  GEMM_CONSUME(rowgroup_block_count(&g, GEMM_BN_GATEUP, CN), FWD_GATEUP_TILE, 0, 0,         \
-               epi_swiglu_fwd)
+  GEMM_CONSUME(ROWGROUP_COUNT(GEMM_BN_GATEUP), FWD_GATEUP_TILE, 0, 0, epi_swiglu_fwd)
 #define PRODUCE_FWD_DOWN                                                                     \
-  GEMM_PRODUCE(rowgroup_block_count(&g, GEMM_BN, CN), FWD_DOWN_TILE, FWD_DOWN_LOAD)
+  GEMM_PRODUCE(ROWGROUP_COUNT(GEMM_BN), FWD_DOWN_TILE, FWD_DOWN_LOAD)
 #define CONSUME_FWD_DOWN                                                                     \
-  GEMM_CONSUME(rowgroup_block_count(&g, GEMM_BN, CN), FWD_DOWN_TILE, 0, 0, epi_rows)
+  GEMM_CONSUME(ROWGROUP_COUNT(GEMM_BN), FWD_DOWN_TILE, 0, 0, epi_rows)
 /* The products in order, by one side (the threads where WHO holds; PRODUCE or CONSUME: both
  * walk the same ones): gate/up (p[0], the shared expert's p[1]), then every thread at a grid
  * barrier, then down (p[2], p[3]) and a grid barrier before combine; a recompute stops after
@@ -422,7 +446,7 @@ KERNEL layer_forward(const __grid_constant__ layer_fwd f) {
 /* Per expert e: out[m, n] = sum over its rows r of A[r, m] B[r, n]; both operands are row-major
  * [rows, M] and [rows, N], i.e. MN-major, loaded as [64 r][64 m|n] boxes. */
 KERNEL gemm_wgrad(const __grid_constant__ gemm_args g) {
-  GEMM_KERNEL_BODY(wgrad_block_count(&g, CN), wgrad_tile(&g, q, rank, CN),
+  GEMM_KERNEL_BODY(wgrad_block_count(&g, CN), wgrad_tile(&g, q, rank, CN, &memo),
                    (load_a_mn(&g, sa, bar, &tl, rank, tl.k_row0 + kb * 64),
                     load_b_mn<false>(sb, bar, &tl, rank, &g.b0, tl.k_row0 + kb * 64, -1)),
                    1, 1, epi_wgrad)
