@@ -606,7 +606,8 @@ static mok_status gateup_dgrad(const call *c, int routed, const void *dgu, const
 /* Per expert: out[m, n] = sum over its rows r of A[r, m] B[r, n]. Rows m < split go to out0,
  * the rest to out1. A is [rows, M], B is [rows, N] row-major. */
 static mok_status wgrad(const call *c, int routed, const void *a, int64_t M, const void *b,
-                        int64_t N, int64_t split, void *out0, void *out1, int accumulate) {
+                        int64_t N, int64_t split, void *out0, void *out1, int accumulate,
+                        const combine_args *comb) {
   gemm_args g;
   memset(&g, 0, sizeof g);
   int64_t rows = routed ? c->S.rows_cap : c->T;
@@ -626,6 +627,14 @@ static mok_status wgrad(const call *c, int routed, const void *a, int64_t M, con
   g.ld_out = (int)N;
   g.accumulate = accumulate;
   cluster_shape(c, &g);
+  if (comb) { /* the backward's last weight gradient also combines dx (gemm_args) */
+    g.comb_slots = comb->slots;
+    g.comb_base = comb->base;
+    g.comb_out = comb->out;
+    g.comb_T = comb->T;
+    g.comb_k = comb->k;
+    g.comb_H = comb->H;
+  }
   return run(c, GEMM_WGRAD, &g, "weight gradient");
 }
 
@@ -824,19 +833,29 @@ static mok_status backward_on_device(mok_workspace *ws, const mok_backward_args 
    * down's dgrad and weight gradient read the dy rows, then gate/up's dgrad may write slots over
    * them; gate/up's weight gradient is the last to read the x rows. */
   TRY(down_dgrad(&c, 1, dyr, a->w.w_down, E, c.I, c.saved + c.S.gu, dgu, 1));
-  TRY(wgrad(&c, 1, dyr, c.H, c.saved + c.S.hw, c.I, c.H, a->g.dw_down, NULL, acc));
+  /* At ep = 1 (and top_k <= GEMM_COMBINE_K) the last weight gradient also combines dx: the
+   * slot rows and the shared expert's rows are complete by then (kernels.h). At ep > 1 combine
+   * comes after the close barrier, as peers write the slot rows; and where dx overlaps x, after
+   * the shared expert's gate/up weight gradient, which reads x while it would write dx. */
+  const combine_args m = combine_of(&c, c.Is ? dxs : NULL, a->dx);
+  const size_t xh = (size_t)c.T * c.H * 2;
+  const char *dx_at = (const char *)a->dx, *x_at = (const char *)a->x;
+  const int dx_over_x = c.Is && dx_at < x_at + xh && x_at < dx_at + xh;
+  const int fused = !c.ws->ctx->cfg.group && c.k <= GEMM_COMBINE_K && !dx_over_x;
+  TRY(wgrad(&c, 1, dyr, c.H, c.saved + c.S.hw, c.I, c.H, a->g.dw_down, NULL, acc, NULL));
   TRY(gateup_dgrad(&c, 1, dgu, a->w.w_gate, a->w.w_up, E, c.I, slots));
-  TRY(wgrad(&c, 1, dgu, 2 * c.I, xr, c.H, c.I, a->g.dw_gate, a->g.dw_up, acc));
+  TRY(wgrad(&c, 1, dgu, 2 * c.I, xr, c.H, c.I, a->g.dw_gate, a->g.dw_up, acc,
+            fused && !c.Is ? &m : NULL));
   /* Shared expert on all T rows, w = 1; its dx rows (fp32) go over the x rows. */
   if (c.Is) {
     TRY(down_dgrad(&c, 0, a->dy, a->w.ws_down, 1, c.Is, c.saved + c.S.gus, dgus, 0));
     TRY(gateup_dgrad(&c, 0, dgus, a->w.ws_gate, a->w.ws_up, 1, c.Is, dxs));
-    TRY(wgrad(&c, 0, a->dy, c.H, c.saved + c.S.hs, c.Is, c.H, a->g.dws_down, NULL, acc));
-    TRY(wgrad(&c, 0, dgus, 2 * c.Is, a->x, c.H, c.Is, a->g.dws_gate, a->g.dws_up, acc));
+    TRY(wgrad(&c, 0, a->dy, c.H, c.saved + c.S.hs, c.Is, c.H, a->g.dws_down, NULL, acc, NULL));
+    TRY(wgrad(&c, 0, dgus, 2 * c.Is, a->x, c.H, c.Is, a->g.dws_gate, a->g.dws_up, acc,
+              fused ? &m : NULL));
   }
   TRY(barrier(&c, EP_CLOSE));
-  const combine_args m = combine_of(&c, c.Is ? dxs : NULL, a->dx);
-  CUDA_TRY(combine_launch(&m, c.stream), "combine");
+  if (!fused) CUDA_TRY(combine_launch(&m, c.stream), "combine");
   CUDA_TRY(router_grad_launch(status_of(&c), AT(c.scratch, c.L->sticky, int32_t), c.T * c.k,
                               c.I / 64, part, a->d_topk_weights, c.stream),
            "router gradient");

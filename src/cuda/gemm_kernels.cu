@@ -275,6 +275,76 @@ MOK_DEV void epi_wgrad(const gemm_args *g, const gemm_tile *tl, int cw, float *d
   }
 }
 
+/* ---- combine beside the last weight gradient ------------------------------------------------ */
+/* The producer warpgroup's warps 1-3 of the backward's last weight gradient (kernels.h) combine
+ * dx while the consumers compute: the slot rows and the shared expert's rows are complete at
+ * that launch's start, so the 16-byte vectors of dx are split among the grid's combine lanes
+ * with no synchronisation, and each sum is combine_vecs' (the same bits). A lane copies its
+ * vector's k slot pieces and its 32 bytes of base to shared memory (cp.async: bytes in flight
+ * without registers, which the producer warpgroup has 40 of) and copies its next vector's while
+ * it adds these up. A warp's buffer: piece j of lane l at 512 j + 16 l, then base at 32 l. */
+#define WC_BASE (GEMM_COMBINE_K * 32 * 16)
+#define WC_BUF (WC_BASE + 32 * 32)
+static_assert(GEMM_COMBINE_SMEM == 3 * 2 * WC_BUF, "kernels.h's GEMM_COMBINE_SMEM");
+
+MOK_DEV void wc_issue(const gemm_args *g, char *buf, int lane, size_t i, int vecs) {
+  const size_t t = i / vecs, v = i - t * vecs;
+  const __nv_bfloat16 *src = g->comb_slots + (t * g->comb_k * vecs + v) * 8;
+  for (int j = 0; j < g->comb_k; j++)
+    cp_async_16(buf + j * 512 + lane * 16, src + (size_t)j * vecs * 8);
+  if (g->comb_base) {
+    const float *base = g->comb_base + (t * vecs + v) * 8;
+    cp_async_16(buf + WC_BASE + lane * 32, base);
+    cp_async_16(buf + WC_BASE + lane * 32 + 16, base + 4);
+  }
+  cp_async_commit();
+}
+
+MOK_DEV void wc_work(const gemm_args *g, char *stage) {
+  const int lane = threadIdx.x % 32, w = threadIdx.x / 32 - 1, vecs = g->comb_H / 8;
+  const size_t n = (size_t)g->comb_T * vecs, stride = (size_t)gridDim.x * 3 * 32;
+  char *bufs = stage + w * 2 * WC_BUF; /* this warp's two buffers */
+  size_t i = ((size_t)blockIdx.x * 3 + w) * 32 + lane;
+  if (i < n) wc_issue(g, bufs, lane, i, vecs);
+  for (int b = 0; i < n; i += stride, b ^= 1) {
+    if (i + stride < n) {
+      wc_issue(g, bufs + (b ^ 1) * WC_BUF, lane, i + stride, vecs);
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    const char *buf = bufs + b * WC_BUF;
+    float acc[8];
+    if (g->comb_base) {
+      const uint4 lo = ld_shared_u4(buf + WC_BASE + lane * 32);
+      const uint4 hi = ld_shared_u4(buf + WC_BASE + lane * 32 + 16);
+      acc[0] = __uint_as_float(lo.x), acc[1] = __uint_as_float(lo.y);
+      acc[2] = __uint_as_float(lo.z), acc[3] = __uint_as_float(lo.w);
+      acc[4] = __uint_as_float(hi.x), acc[5] = __uint_as_float(hi.y);
+      acc[6] = __uint_as_float(hi.z), acc[7] = __uint_as_float(hi.w);
+    } else {
+#pragma unroll
+      for (int e = 0; e < 8; e++) acc[e] = 0.0f;
+    }
+    for (int j = 0; j < g->comb_k; j++) {
+      const uint4 raw = ld_shared_u4(buf + j * 512 + lane * 16);
+      const __nv_bfloat162 *pr = (const __nv_bfloat162 *)&raw;
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        const float2 f = __bfloat1622float2(pr[e]);
+        acc[2 * e] += f.x;
+        acc[2 * e + 1] += f.y;
+      }
+    }
+    uint4 res;
+    __nv_bfloat162 *pr = (__nv_bfloat162 *)&res;
+#pragma unroll
+    for (int e = 0; e < 4; e++) pr[e] = __floats2bfloat162_rn(acc[2 * e], acc[2 * e + 1]);
+    const size_t t = i / vecs, v = i - t * vecs;
+    *(uint4 *)(g->comb_out + (t * vecs + v) * 8) = res;
+  }
+}
+
 /* ---- kernels -------------------------------------------------------------------------------- */
 /* The pieces every kernel is made of (macros, not function templates: each kernel reads top to
  * bottom with its own loads and epilogue; the kernels are templates over one int only, CN: their
@@ -335,13 +405,14 @@ MOK_DEV void epi_wgrad(const gemm_args *g, const gemm_tile *tl, int cw, float *d
     }                                                                                        \
   }
 
-/* One product, the kernel's parameter g. */
-#define GEMM_KERNEL_BODY(COUNT, TILE, LOAD, A_MN, B_MN, EPI)                                \
+/* One product, the kernel's parameter g. IDLE: what the producer warpgroup's other threads do. */
+#define GEMM_KERNEL_BODY(COUNT, TILE, LOAD, A_MN, B_MN, EPI, IDLE)                          \
   if (*g.status) return; /* the same word for every CTA: the whole grid leaves */            \
   GEMM_SETUP                                                                                 \
   if (threadIdx.x / 128 == 0) {                                                              \
     setmaxnreg_dec<40>();                                                                    \
     if (threadIdx.x == 0) GEMM_PRODUCE(COUNT, TILE, LOAD)                                    \
+    else IDLE;                                                                               \
   } else {                                                                                   \
     setmaxnreg_inc<232>();                                                                   \
     const int cw = threadIdx.x / 128 - 1;                                                    \
@@ -362,7 +433,7 @@ KERNEL gemm_dgrad_down(const __grid_constant__ gemm_args g) {
   GEMM_KERNEL_BODY(ROWGROUP_COUNT(GEMM_BN), ROWGROUP_TILE(GEMM_BN),
                    (load_a_kmajor(&g, sa, bar, &tl, rank, CN, kb * 64),
                     load_b_mn<true>(sb, bar, &tl, rank, &g.b0, kb * 64, tl.expert)),
-                   0, 1, epi_swiglu_bwd)
+                   0, 1, epi_swiglu_bwd, (void)0)
 }
 
 /* B[n = h, k = c] = [W_gate; W_up][e][c, h] for k-block kb: from W_gate while c < I. */
@@ -378,7 +449,7 @@ KERNEL gemm_dgrad_gateup(const __grid_constant__ gemm_args g) {
   GEMM_KERNEL_BODY(ROWGROUP_COUNT(GEMM_BN), ROWGROUP_TILE(GEMM_BN),
                    (load_a_kmajor(&g, sa, bar, &tl, rank, CN, kb * 64),
                     load_gateup_mn(&g, sb, bar, &tl, rank, kb)),
-                   0, 1, epi_rows)
+                   0, 1, epi_rows, (void)0)
 }
 
 /* The forward after the schedule as phases of one launch (layer_fwd), a grid barrier where a
@@ -449,7 +520,8 @@ KERNEL gemm_wgrad(const __grid_constant__ gemm_args g) {
   GEMM_KERNEL_BODY(wgrad_block_count(&g, CN), wgrad_tile(&g, q, rank, CN, &memo),
                    (load_a_mn(&g, sa, bar, &tl, rank, tl.k_row0 + kb * 64),
                     load_b_mn<false>(sb, bar, &tl, rank, &g.b0, tl.k_row0 + kb * 64, -1)),
-                   1, 1, epi_wgrad)
+                   1, 1, epi_wgrad,
+                   if (g.comb_out && threadIdx.x >= 32) wc_work(&g, (char *)(sm + 1)))
 }
 
 /* ---- launchers ------------------------------------------------------------------------------ */
@@ -468,7 +540,7 @@ static cudaLaunchConfig_t launch_config(int ctas, int cluster, cudaStream_t stre
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(ctas);
   cfg.blockDim = dim3(GEMM_THREADS);
-  cfg.dynamicSmemBytes = GEMM_SMEM_BYTES;
+  cfg.dynamicSmemBytes = GEMM_SMEM_BYTES; /* the 196 KB configuration, with 60 KB of L1 */
   cfg.stream = stream;
   attr->id = cudaLaunchAttributeClusterDimension;
   attr->val.clusterDim.x = cluster;
@@ -483,11 +555,12 @@ static cudaLaunchConfig_t launch_config(int ctas, int cluster, cudaStream_t stre
  * how many CTAs can be resident at once (a cluster must fit in one GPC, so clusters of 4 may
  * leave SMs idle); once per device, outside any graph capture. */
 cudaError_t gemm_init(int max_ctas[2]) {
-  static_assert(GEMM_SMEM_BYTES <= 227 * 1024, "GEMM shared memory exceeds the sm_90 limit");
+  static_assert(GEMM_SMEM_BYTES + GEMM_COMBINE_SMEM <= 227 * 1024,
+                "GEMM shared memory exceeds the sm_90 limit");
   for (int i = 0; i < GEMM_KINDS * 2; i++) {
     cudaError_t e = cudaFuncSetAttribute((const void *)gemm_fns[i / 2][i % 2],
                                          cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         (int)GEMM_SMEM_BYTES);
+                                         (int)(GEMM_SMEM_BYTES + GEMM_COMBINE_SMEM));
     if (e != cudaSuccess) return e;
   }
   for (int i = 0; i < 2; i++) {
@@ -520,6 +593,7 @@ cudaError_t gemm_launch(gemm_kind kind, const gemm_args *g, int max_ctas, cudaSt
   if (ctas < C) ctas = C;
   cudaLaunchAttribute attr;
   cudaLaunchConfig_t cfg = launch_config(ctas, C, stream, &attr);
+  if (g->comb_out) cfg.dynamicSmemBytes += GEMM_COMBINE_SMEM; /* the combine lanes' copies */
   cudaError_t e = cudaLaunchKernelEx(&cfg, gemm_fns[kind - GEMM_DGRAD_DOWN][g->cn - 1], *g);
   TCLK(if (e == cudaSuccess) tclk_report<<<1, 1, 0, stream>>>(1 + kind - GEMM_DGRAD_DOWN, ctas);)
   return e;

@@ -123,7 +123,19 @@ typedef struct gemm_args {
   int ld_out;       /* leading dimension of out0/out1 in elements */
   int rows_valid;   /* rows < rows_valid are stored (shared expert: T) */
   int accumulate;   /* weight gradients: 1 = fp32 out += acc, 0 = bf16 out = acc */
+
+  /* The backward's last weight gradient at ep = 1 with top_k <= GEMM_COMBINE_K: its producer
+   * warpgroup's idle warps also combine dx, out[t] = bf16(((base[t] + slot[t,0]) + slot[t,1])
+   * + ...) as combine_rows does (base fp32 [T, H] or NULL), while its consumers compute; the
+   * launch asks for GEMM_COMBINE_SMEM bytes more. comb_out NULL: combine is a kernel of its own. */
+  const __nv_bfloat16 *comb_slots;  /* [T * k, H] */
+  const float *comb_base;
+  __nv_bfloat16 *comb_out;
+  int comb_T, comb_k, comb_H;
 } gemm_args;
+
+#define GEMM_COMBINE_K 8 /* slot rows a lane copies at once: up to top_k 8 */
+#define GEMM_COMBINE_SMEM (3 * 2 * (GEMM_COMBINE_K + 2) * 32 * 16) /* 3 warps, 2 buffers */
 
 /* Blocks of GEMM_CM x cn tiles over m_tiles x ceil(n / bn) tiles, per expert: what a kernel
  * walks (with the real M tiles) and what its grid is sized from (with m_tiles_max). */

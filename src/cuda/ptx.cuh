@@ -89,6 +89,26 @@ MOK_DEV void st_release_gpu(unsigned *p, unsigned v) {
   asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
 
+/* 16 bytes from global to shared memory, not through L1 and without holding registers
+ * (cp.async.cg, 9.7.9.25.3), in this thread's current group; cp_async_commit closes the group;
+ * cp_async_wait<N> waits until at most N of this thread's groups are still in flight. */
+MOK_DEV void cp_async_16(void *smem, const void *gmem) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_u32(smem)), "l"(gmem)
+               : "memory");
+}
+MOK_DEV void cp_async_commit(void) { asm volatile("cp.async.commit_group;" ::: "memory"); }
+MOK_DEV uint4 ld_shared_u4(const void *p) {
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "r"(smem_u32(p))
+               : "memory");
+  return v;
+}
+template <int N> MOK_DEV void cp_async_wait(void) {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
 /* ---- phases of one launch: a grid barrier ---------------------------------------------------- */
 /* Every thread of every CTA of the grid (a cooperative launch: all resident) meets here between
  * two phases of one launch, as it would at a kernel boundary: sync[0] counts the CTAs
