@@ -20,13 +20,15 @@ GEMM, ROWS, SCHED, SYNC, MMA, TMA = "#4c78a8", "#f58518", "#72b7b2", "#b279a2", 
 def calls(s):
     """The launches of forward and backward at ep = 1, in order, each a list of its steps
     (label, kind, FLOPs): the forward's two run their steps as phases; the backward's kernels
-    are a launch each."""
+    are a launch each, and the last weight gradient's launch also combines dx (beside it, in
+    its idle producer warps)."""
     fwd_g, bwd_g = gemm_products(s)
     gemm = lambda ps: [(n, GEMM, f) for n, f in ps]  # noqa: E731
     fwd = [[("count", SCHED, 0), ("scan", SCHED, 0), ("place", SCHED, 0)],
            [("dispatch x", ROWS, 0)] + gemm(fwd_g) + [("combine", ROWS, 0)]]
-    bwd = [[k] for k in [("saved_open", SYNC, 0), ("dispatch x, dy", ROWS, 0)] + gemm(bwd_g) +
-           [("combine", ROWS, 0), ("router grad", ROWS, 0)]]
+    steps = [("saved_open", SYNC, 0), ("dispatch x, dy", ROWS, 0)] + gemm(bwd_g)
+    bwd = [[k] for k in steps[:-1]] + [[steps[-1], ("combine", ROWS, 0)],
+                                       [("router grad", ROWS, 0)]]
     return fwd, bwd
 
 
