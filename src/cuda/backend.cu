@@ -627,14 +627,7 @@ static mok_status wgrad(const call *c, int routed, const void *a, int64_t M, con
   g.ld_out = (int)N;
   g.accumulate = accumulate;
   cluster_shape(c, &g);
-  if (comb) { /* the backward's last weight gradient also combines dx (gemm_args) */
-    g.comb_slots = comb->slots;
-    g.comb_base = comb->base;
-    g.comb_out = comb->out;
-    g.comb_T = comb->T;
-    g.comb_k = comb->k;
-    g.comb_H = comb->H;
-  }
+  if (comb) g.comb = *comb; /* the backward's last weight gradient also combines dx */
   return run(c, GEMM_WGRAD, &g, "weight gradient");
 }
 

@@ -287,35 +287,35 @@ MOK_DEV void epi_wgrad(const gemm_args *g, const gemm_tile *tl, int cw, float *d
 #define WC_BUF (WC_BASE + 32 * 32)
 static_assert(GEMM_COMBINE_SMEM == 3 * 2 * WC_BUF, "kernels.h's GEMM_COMBINE_SMEM");
 
-MOK_DEV void wc_issue(const gemm_args *g, char *buf, int lane, size_t i, int vecs) {
+MOK_DEV void wc_issue(const combine_args *c, char *buf, int lane, size_t i, int vecs) {
   const size_t t = i / vecs, v = i - t * vecs;
-  const __nv_bfloat16 *src = g->comb_slots + (t * g->comb_k * vecs + v) * 8;
-  for (int j = 0; j < g->comb_k; j++)
+  const __nv_bfloat16 *src = c->slots + (t * c->k * vecs + v) * 8;
+  for (int j = 0; j < c->k; j++)
     cp_async_16(buf + j * 512 + lane * 16, src + (size_t)j * vecs * 8);
-  if (g->comb_base) {
-    const float *base = g->comb_base + (t * vecs + v) * 8;
+  if (c->base) {
+    const float *base = c->base + i * 8; /* vector i of [T, H]: row t, columns 8v.. */
     cp_async_16(buf + WC_BASE + lane * 32, base);
     cp_async_16(buf + WC_BASE + lane * 32 + 16, base + 4);
   }
   cp_async_commit();
 }
 
-MOK_DEV void wc_work(const gemm_args *g, char *stage) {
-  const int lane = threadIdx.x % 32, w = threadIdx.x / 32 - 1, vecs = g->comb_H / 8;
-  const size_t n = (size_t)g->comb_T * vecs, stride = (size_t)gridDim.x * 3 * 32;
+MOK_DEV void wc_work(const combine_args *c, char *stage) {
+  const int lane = threadIdx.x % 32, w = threadIdx.x / 32 - 1, vecs = c->H / 8;
+  const size_t n = (size_t)c->T * vecs, stride = (size_t)gridDim.x * 3 * 32;
   char *bufs = stage + w * 2 * WC_BUF; /* this warp's two buffers */
   size_t i = ((size_t)blockIdx.x * 3 + w) * 32 + lane;
-  if (i < n) wc_issue(g, bufs, lane, i, vecs);
+  if (i < n) wc_issue(c, bufs, lane, i, vecs);
   for (int b = 0; i < n; i += stride, b ^= 1) {
     if (i + stride < n) {
-      wc_issue(g, bufs + (b ^ 1) * WC_BUF, lane, i + stride, vecs);
+      wc_issue(c, bufs + (b ^ 1) * WC_BUF, lane, i + stride, vecs);
       cp_async_wait<1>();
     } else {
       cp_async_wait<0>();
     }
     const char *buf = bufs + b * WC_BUF;
     float acc[8];
-    if (g->comb_base) {
+    if (c->base) {
       const uint4 lo = ld_shared_u4(buf + WC_BASE + lane * 32);
       const uint4 hi = ld_shared_u4(buf + WC_BASE + lane * 32 + 16);
       acc[0] = __uint_as_float(lo.x), acc[1] = __uint_as_float(lo.y);
@@ -326,22 +326,11 @@ MOK_DEV void wc_work(const gemm_args *g, char *stage) {
 #pragma unroll
       for (int e = 0; e < 8; e++) acc[e] = 0.0f;
     }
-    for (int j = 0; j < g->comb_k; j++) {
+    for (int j = 0; j < c->k; j++) {
       const uint4 raw = ld_shared_u4(buf + j * 512 + lane * 16);
-      const __nv_bfloat162 *pr = (const __nv_bfloat162 *)&raw;
-#pragma unroll
-      for (int e = 0; e < 4; e++) {
-        const float2 f = __bfloat1622float2(pr[e]);
-        acc[2 * e] += f.x;
-        acc[2 * e + 1] += f.y;
-      }
+      combine_add(acc, make_int4((int)raw.x, (int)raw.y, (int)raw.z, (int)raw.w));
     }
-    uint4 res;
-    __nv_bfloat162 *pr = (__nv_bfloat162 *)&res;
-#pragma unroll
-    for (int e = 0; e < 4; e++) pr[e] = __floats2bfloat162_rn(acc[2 * e], acc[2 * e + 1]);
-    const size_t t = i / vecs, v = i - t * vecs;
-    *(uint4 *)(g->comb_out + (t * vecs + v) * 8) = res;
+    ((int4 *)c->out)[i] = combine_pack(acc);
   }
 }
 
@@ -521,7 +510,7 @@ KERNEL gemm_wgrad(const __grid_constant__ gemm_args g) {
                    (load_a_mn(&g, sa, bar, &tl, rank, tl.k_row0 + kb * 64),
                     load_b_mn<false>(sb, bar, &tl, rank, &g.b0, tl.k_row0 + kb * 64, -1)),
                    1, 1, epi_wgrad,
-                   if (g.comb_out && threadIdx.x >= 32) wc_work(&g, (char *)(sm + 1)))
+                   if (g.comb.out && threadIdx.x >= 32) wc_work(&g.comb, (char *)(sm + 1)))
 }
 
 /* ---- launchers ------------------------------------------------------------------------------ */
@@ -593,7 +582,7 @@ cudaError_t gemm_launch(gemm_kind kind, const gemm_args *g, int max_ctas, cudaSt
   if (ctas < C) ctas = C;
   cudaLaunchAttribute attr;
   cudaLaunchConfig_t cfg = launch_config(ctas, C, stream, &attr);
-  if (g->comb_out) cfg.dynamicSmemBytes += GEMM_COMBINE_SMEM; /* the combine lanes' copies */
+  if (g->comb.out) cfg.dynamicSmemBytes += GEMM_COMBINE_SMEM; /* the combine lanes' copies */
   cudaError_t e = cudaLaunchKernelEx(&cfg, gemm_fns[kind - GEMM_DGRAD_DOWN][g->cn - 1], *g);
   TCLK(if (e == cudaSuccess) tclk_report<<<1, 1, 0, stream>>>(1 + kind - GEMM_DGRAD_DOWN, ctas);)
   return e;

@@ -82,6 +82,16 @@ typedef enum gemm_kind {
   GEMM_WGRAD          /* per expert: A^T x B over its rows */
 } gemm_kind;
 
+/* out[t] = bf16(((base[t] + slot[t,0]) + slot[t,1]) + ...), base fp32 [T, H] or NULL (zero),
+ * slot rows [T * k, H]. */
+typedef struct combine_args {
+  const int32_t *status;
+  int T, k, H;
+  const float *base;
+  const __nv_bfloat16 *slots;
+  __nv_bfloat16 *out;
+} combine_args;
+
 /* The layout of the operands and the tile space of one launch. Passed as a __grid_constant__
  * parameter so the tensor maps stay in constant/param space where TMA can read them. */
 typedef struct gemm_args {
@@ -125,13 +135,10 @@ typedef struct gemm_args {
   int accumulate;   /* weight gradients: 1 = fp32 out += acc, 0 = bf16 out = acc */
 
   /* The backward's last weight gradient at ep = 1 with top_k <= GEMM_COMBINE_K: its producer
-   * warpgroup's idle warps also combine dx, out[t] = bf16(((base[t] + slot[t,0]) + slot[t,1])
-   * + ...) as combine_rows does (base fp32 [T, H] or NULL), while its consumers compute; the
-   * launch asks for GEMM_COMBINE_SMEM bytes more. comb_out NULL: combine is a kernel of its own. */
-  const __nv_bfloat16 *comb_slots;  /* [T * k, H] */
-  const float *comb_base;
-  __nv_bfloat16 *comb_out;
-  int comb_T, comb_k, comb_H;
+   * warpgroup's idle warps also combine dx as combine_rows does, while its consumers compute;
+   * the launch asks for GEMM_COMBINE_SMEM bytes more. comb.out NULL: combine is a kernel of its
+   * own. */
+  combine_args comb;
 } gemm_args;
 
 #define GEMM_COMBINE_K 8 /* slot rows a lane copies at once: up to top_k 8 */
@@ -217,15 +224,6 @@ cudaError_t dispatch_launch(const dispatch_args *a, cudaStream_t stream);
 cudaError_t saved_open_launch(const int32_t *saved_status, int32_t *status, int tokens,
                               const uint64_t *saved_tag, uint64_t *xr_tag, const void *x,
                               cudaStream_t stream);
-/* out[t] = bf16(((base[t] + slot[t,0]) + slot[t,1]) + ...), base fp32 [T, H] or NULL (zero),
- * slot rows [T * k, H]. */
-typedef struct combine_args {
-  const int32_t *status;
-  int T, k, H;
-  const float *base;
-  const __nv_bfloat16 *slots;
-  __nv_bfloat16 *out;
-} combine_args;
 cudaError_t combine_launch(const combine_args *c, cudaStream_t stream);
 /* d_topk_weights[s] = sum over chunks c ascending of part[s, c]. Also copies the call's error
  * bits into `sticky`, so a backward on a failed forward's saved buffer is reported again. */

@@ -107,6 +107,26 @@ static __device__ void dispatch_warp(const dispatch_args *a, int w, int warps) {
   }
 }
 
+/* One slot piece (8 bf16) added into a vector's sums, and the sums as the vector of y: what
+ * combine_vecs and the combine beside the last weight gradient (gemm_kernels.cu) both do. */
+static __device__ __forceinline__ void combine_add(float acc[8], int4 raw) {
+  const __nv_bfloat162 *p = (const __nv_bfloat162 *)&raw;
+#pragma unroll
+  for (int e = 0; e < 4; e++) {
+    const float2 f = __bfloat1622float2(p[e]);
+    acc[2 * e] += f.x;
+    acc[2 * e + 1] += f.y;
+  }
+}
+
+static __device__ __forceinline__ int4 combine_pack(const float acc[8]) {
+  int4 res;
+  __nv_bfloat162 *r = (__nv_bfloat162 *)&res;
+#pragma unroll
+  for (int e = 0; e < 4; e++) r[e] = __floats2bfloat162_rn(acc[2 * e], acc[2 * e + 1]);
+  return res;
+}
+
 /* Vectors i, i + stride, ... (V of them, those below n) of y: y[t] = bf16(((base[t] +
  * slot[t,0]) + slot[t,1]) + ...), the slot rows of all V loaded COMBINE_BATCH at a time before
  * any is added, and added in j order. V > 1 keeps more loads in flight a thread where few
@@ -143,24 +163,14 @@ static __device__ void combine_vecs(const combine_args *c, size_t i, size_t stri
 #pragma unroll
       for (int u = 0; u < COMBINE_BATCH; u++) {
         if (j0 + u >= k) break;
-        const __nv_bfloat162 *p = (const __nv_bfloat162 *)&raw[q][u];
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-          const float2 f = __bfloat1622float2(p[e]);
-          acc[q][2 * e] += f.x;
-          acc[q][2 * e + 1] += f.y;
-        }
+        combine_add(acc[q], raw[q][u]);
       }
     }
   }
 #pragma unroll
   for (int q = 0; q < V; q++) {
     if (i + q * stride >= n) break;
-    int4 res;
-    __nv_bfloat162 *r = (__nv_bfloat162 *)&res;
-#pragma unroll
-    for (int e = 0; e < 4; e++) r[e] = __floats2bfloat162_rn(acc[q][2 * e], acc[q][2 * e + 1]);
-    ((int4 *)c->out)[i + q * stride] = res;
+    ((int4 *)c->out)[i + q * stride] = combine_pack(acc[q]);
   }
 }
 
