@@ -73,7 +73,8 @@ static __device__ __forceinline__ void tclk_pflush(int product, unsigned wait, u
   const unsigned c_start = t_last;                                                            \
   const unsigned long long g_start = globaltimer_ns();
 #define TCLK_FLUSH(P)                                                                         \
-  tclk_flush(P, c_kloop, c_epi, c_gap, c_tiles, c_kb, tclk_now() - c_start, globaltimer_ns() - g_start)
+  tclk_flush(P, c_kloop, c_epi, c_gap, c_tiles, c_kb, tclk_now() - c_start,                  \
+             globaltimer_ns() - g_start)
 
 /* launch: 0 the forward's, 1 + gemm_kind - GEMM_DGRAD_DOWN a backward product's (names here:
  * a host string would be an illegal address on the device). */
