@@ -93,19 +93,28 @@ MOK_DEV void load_b_mn(__nv_bfloat16 *sb, uint64_t *bar, const gemm_tile *tl, in
  * shared memory and no barrier: the thread writes its own two rows (acc_position). */
 
 /* Rows of A x B^T: routed rows go to their slot t*k+j on their token's rank as bf16 (row_src),
- * plain rows (the shared expert) to fp32 rows r < rows_valid. */
+ * plain rows (the shared expert) to fp32 rows r < rows_valid. Both routed rows' destinations are
+ * found before either is stored: a load after a store may alias it, so row 1's two dependent
+ * loads (row_src, then peer_out) otherwise waited behind row 0's stores, in turn. */
 MOK_DEV void epi_rows(const gemm_args *g, const gemm_tile *tl, int cw, float *d) {
   const acc_pos p = acc_position();
+  const int r0 = tl->m0 + cw * 64 + p.row;
+  if (g->row_src) {
+    int src[2];
+    char *row[2];
 #pragma unroll
-  for (int h = 0; h < 2; h++) {
-    const int r = tl->m0 + cw * 64 + p.row + 8 * h;
-    if (g->row_src) {
-      const int src = g->row_src[r]; /* pushed into the slot on the token's own rank */
-      char *row = src >= 0 ? (char *)g->peer_out[src / g->slots_cap] +
-                                 (size_t)(src % g->slots_cap) * g->ld_out * 2
+    for (int h = 0; h < 2; h++) src[h] = g->row_src[r0 + 8 * h];
+#pragma unroll
+    for (int h = 0; h < 2; h++) /* pushed into the slot on the token's own rank */
+      row[h] = src[h] >= 0 ? (char *)g->peer_out[src[h] / g->slots_cap] +
+                                 (size_t)(src[h] % g->slots_cap) * g->ld_out * 2
                            : NULL;
-      store_bf16_row(row, tl->n0, g->n, d, h, 0, 8, 0);
-    } else {
+#pragma unroll
+    for (int h = 0; h < 2; h++) store_bf16_row(row[h], tl->n0, g->n, d, h, 0, 8, 0);
+  } else {
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+      const int r = r0 + 8 * h;
       float *row = r < g->rows_valid ? (float *)g->out0 + (size_t)r * g->ld_out : NULL;
       store_f32_row(row, tl->n0, g->n, d, h, 0);
     }
@@ -119,6 +128,12 @@ MOK_DEV void epi_rows(const gemm_args *g, const gemm_tile *tl, int cw, float *d)
 MOK_DEV void epi_swiglu_fwd(const gemm_args *g, const gemm_tile *tl, int cw, float *d) {
   const acc_pos p = acc_position();
   const int I = g->n;
+  float wr[2]; /* both rows' router weights before any store (epi_rows says why) */
+#pragma unroll
+  for (int h = 0; h < 2; h++) {
+    const int r = tl->m0 + cw * 64 + p.row + 8 * h;
+    wr[h] = r >= g->rows_valid ? 0.0f : g->row_weight ? g->row_weight[r] : 1.0f;
+  }
 #pragma unroll
   for (int i = 0; i < 128; i++) d[i] = __bfloat162float(__float2bfloat16_rn(d[i]));
 #pragma unroll
@@ -127,7 +142,7 @@ MOK_DEV void epi_swiglu_fwd(const gemm_args *g, const gemm_tile *tl, int cw, flo
     const bool valid = r < g->rows_valid;
     char *gu = valid ? (char *)g->out0 + (size_t)r * 2 * I * 2 : NULL;
     char *hw = valid ? (char *)g->out1 + (size_t)r * I * 2 : NULL;
-    const float w = !valid ? 0.0f : g->row_weight ? g->row_weight[r] : 1.0f;
+    const float w = wr[h];
     store_bf16_row(gu, tl->n0, I, d, h, 0, 4, 1);
     store_bf16_row(gu ? gu + (size_t)I * 2 : NULL, tl->n0, I, d, h, 16, 4, 1);
 #pragma unroll
