@@ -499,7 +499,7 @@ KERNEL layer_forward(const __grid_constant__ layer_fwd f) {
   if (*f.p[0].status) return; /* one word for every phase and CTA: the whole grid leaves */
   GEMM_SETUP
   if (blockIdx.x == 0 && threadIdx.x == 0) dispatch_marks(&f.d);
-  dispatch_warp<8>(&f.d, blockIdx.x * WARPS + threadIdx.x / 32, gridDim.x * WARPS);
+  dispatch_warp<6, 2, false>(&f.d, blockIdx.x * WARPS + threadIdx.x / 32, gridDim.x * WARPS);
   grid_sync(f.sync, GEMM_THREADS);
   if (threadIdx.x / 128 == 0) {
     setmaxnreg_dec<40>();

@@ -16,7 +16,8 @@
 __global__ void __launch_bounds__(ROWS_THREADS) dispatch_rows(dispatch_args a) {
   if (*a.status) return;
   if (blockIdx.x == 0 && threadIdx.x == 0) dispatch_marks(&a);
-  dispatch_warp<4>(&a, (blockIdx.x * blockDim.x + threadIdx.x) / 32, gridDim.x * ROWS_WARPS);
+  const int w = (blockIdx.x * blockDim.x + threadIdx.x) / 32;
+  dispatch_warp<4, 1, true>(&a, w, gridDim.x * ROWS_WARPS);
 }
 
 /* Backward's first kernel: its own error bits, the forward's (the group's barrier may add to

@@ -11,40 +11,44 @@
 
 #define COMBINE_BATCH 8   /* slot rows a thread loads before it adds any of them */
 
-/* Copies row `from` of x0 (and x1) to the rows of y0 (y1) held in `to` by the lanes of `lanes`,
- * or zeros there when x0 is NULL; one warp, U x 32 vectors at a time: all loads, then all
- * stores. The rows pass by shuffle, so a warp needs no shared memory. U is the 16-byte loads in
- * flight per lane and tensor: 4 where a full grid of row kernels moves rows; 8 in the layer
- * launch, whose 12 warps an SM then keep 48 KB in flight (a row of up to 4 KB, H = 2048, in one
- * round trip). Measured (perf-log 2026-12-04, wip/rowpipe: 8 everywhere and the layer launch's
- * combine two vectors a thread): fine-7b's forward 0.05 ms faster; qwen3-30b-a3b's backward, where
- * only the row kernel's dispatch had changed, 0.12-0.14 ms slower. */
-template <int U>
-static __device__ void copy_row(const int4 *x0, const int4 *x1, size_t from, int4 *y0, int4 *y1,
-                                unsigned lanes, int to, int vecs) {
+/* Copies row from[n] of x0 (and x1) to the rows of y0 (y1) held in to[n] by the lanes of lanes[n],
+ * N rows at once (lanes[n] = 0: none), or zeros there when x0 is NULL; one warp, U x 32 vectors
+ * of each row at a time: all loads, then all stores. The rows pass by shuffle, so a warp needs
+ * no shared memory. U is the 16-byte loads in flight per lane, row and tensor: 4 where a full
+ * grid of row kernels moves rows; in the layer launch, whose 12 warps an SM move a token each at
+ * a time, 8 for one row (48 KB in flight an SM, a row of up to 4 KB in one round trip; perf-log
+ * 2026-12-04, wip/rowpipe: fine-7b's forward 0.05 ms faster, but qwen3-30b-a3b's backward
+ * 0.12-0.14 ms slower with 8 in the row kernel) and now 6 for two (dispatch_warp). */
+template <int U, int N>
+static __device__ void copy_rows(const int4 *x0, const int4 *x1, const size_t from[N], int4 *y0,
+                                 int4 *y1, const unsigned lanes[N], const int to[N], int vecs) {
   const int lane = threadIdx.x % 32;
   for (int v0 = 0; v0 < vecs; v0 += 32 * U) {
-    int4 r0[U], r1[U];
+    int4 r0[N][U], r1[N][U];
 #pragma unroll
-    for (int u = 0; u < U; u++) {
-      const int v = v0 + 32 * u + lane;
-      r0[u] = r1[u] = make_int4(0, 0, 0, 0);
-      if (x0 && v < vecs) {
-        r0[u] = __ldg(&x0[from + v]);
-        if (y1) r1[u] = __ldg(&x1[from + v]);
-      }
-    }
-    for (unsigned m = lanes; m; m &= m - 1) {
-      const size_t at = (size_t)__shfl_sync(0xffffffffu, to, __ffs(m) - 1) * vecs;
+    for (int n = 0; n < N; n++)
 #pragma unroll
       for (int u = 0; u < U; u++) {
         const int v = v0 + 32 * u + lane;
-        if (v < vecs) {
-          y0[at + v] = r0[u];
-          if (y1) y1[at + v] = r1[u];
+        r0[n][u] = r1[n][u] = make_int4(0, 0, 0, 0);
+        if (x0 && lanes[n] && v < vecs) {
+          r0[n][u] = __ldg(&x0[from[n] + v]);
+          if (y1) r1[n][u] = __ldg(&x1[from[n] + v]);
         }
       }
-    }
+#pragma unroll
+    for (int n = 0; n < N; n++)
+      for (unsigned m = lanes[n]; m; m &= m - 1) {
+        const size_t at = (size_t)__shfl_sync(0xffffffffu, to[n], __ffs(m) - 1) * vecs;
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+          const int v = v0 + 32 * u + lane;
+          if (v < vecs) {
+            y0[at + v] = r0[n][u];
+            if (y1) y1[at + v] = r1[n][u];
+          }
+        }
+      }
   }
 }
 
@@ -67,30 +71,46 @@ static __device__ void dispatch_marks(const dispatch_args *a) {
 /* Warp `w` of `warps` takes items w, w + warps, ... Items [0, T) are this rank's tokens: each
  * token row is read once and written to the rows of its slots here (reading it once per row
  * instead read every token k times from HBM: fine-7b's forward dispatch took 285 us, its
- * combine, which reads as many bytes as that dispatch writes, 160). The other items are groups
- * of a->group routed rows: zeros on padding, other ranks' tokens pulled from their published x
- * (dy); rows of this rank's tokens are skipped, the first kind wrote them. group is 32 at
- * ep = 1, where every row but the padding is skipped, so a warp looks at 32 row_src at once;
- * and 1 in a group, where most rows come from other ranks and each needs a warp of its own. */
-template <int U>
+ * combine, which reads as many bytes as that dispatch writes, 160). A warp takes its tokens N at
+ * a time, w, w + warps, ...: all N tokens' slot rows, then all N rows' loads, are in flight
+ * before the first store. The layer launch's warps (15 tokens each on fine-7b) take 2, and wait
+ * out half as many chains of two memory latencies: its forward 1 % faster (perf-log, twenty-sixth
+ * session); the row kernel, with a full grid of warps, did not gain and takes 1. The other items
+ * are groups of a->group routed rows: zeros on padding, other ranks' tokens pulled from their
+ * published x (dy); rows of this rank's tokens are skipped, the first kind wrote them. group is
+ * 32 at ep = 1, where every row but the padding is skipped, so a warp looks at 32 row_src at
+ * once; and 1 in a group, where most rows come from other ranks and each needs a warp of its own.
+ * DY: the call may move dy beside x (the backward's kernel); the forward's layer launch moves x
+ * alone, and without dy's registers its two rows in flight do not spill. */
+template <int U, int N, bool DY>
 static __device__ void dispatch_warp(const dispatch_args *a, int w, int warps) {
   /* Backward whose x rows are in place already (saved_open): dy alone, as the one tensor. */
   const bool dy_only = a->x_rows && *a->x_rows;
   const int rows = a->offsets[a->experts_local], vecs = a->H / 8, lane = threadIdx.x % 32;
   const int group = a->group, items = a->T + (rows + group - 1) / group;
   const int4 *x0 = (const int4 *)(dy_only ? a->src1 : a->src0);
-  const int4 *x1 = dy_only ? NULL : (const int4 *)a->src1;
-  int4 *y0 = (int4 *)(dy_only ? a->dst1 : a->dst0), *y1 = dy_only ? NULL : (int4 *)a->dst1;
-  for (; w < items; w += warps) {
-    if (w < a->T) {
-      for (int j0 = 0; j0 < a->k; j0 += 32) { /* this token's rows here, 32 slots at a time */
-        const int j = j0 + lane;
-        const int row = j < a->k ? a->slot_row[(size_t)w * a->k + j] : -1;
-        const unsigned here = __ballot_sync(0xffffffffu, row >= 0);
-        if (here) copy_row<U>(x0, x1, (size_t)w * vecs, y0, y1, here, row, vecs);
+  const int4 *x1 = dy_only || !DY ? NULL : (const int4 *)a->src1;
+  int4 *y0 = (int4 *)(dy_only ? a->dst1 : a->dst0), *y1 = dy_only || !DY ? NULL : (int4 *)a->dst1;
+  for (; w < a->T; w += N * warps) {
+    for (int j0 = 0; j0 < a->k; j0 += 32) { /* the tokens' rows here, 32 slots at a time */
+      const int j = j0 + lane;
+      int row[N];
+      unsigned here[N], any = 0;
+      size_t from[N];
+#pragma unroll
+      for (int n = 0; n < N; n++) {
+        const int t = w + n * warps;
+        row[n] = j < a->k && t < a->T ? a->slot_row[(size_t)t * a->k + j] : -1;
+        from[n] = (size_t)t * vecs;
       }
-      continue;
+#pragma unroll
+      for (int n = 0; n < N; n++) any |= here[n] = __ballot_sync(0xffffffffu, row[n] >= 0);
+      if (any) copy_rows<U, N>(x0, x1, from, y0, y1, here, row, vecs);
     }
+  }
+  /* This warp's first item past the tokens (the loop above went N warps at a time). */
+  while (w - warps >= a->T) w -= warps;
+  for (; w < items; w += warps) {
     const int r0 = (w - a->T) * group, r = r0 + lane;
     const bool mine = lane < group && r < rows;
     const int src = mine ? a->row_src[r] : 0;
@@ -101,8 +121,10 @@ static __device__ void dispatch_warp(const dispatch_args *a, int w, int warps) {
       const int o = __shfl_sync(0xffffffffu, owner, l), sl = __shfl_sync(0xffffffffu, src, l);
       const int4 *p0 = o < 0 ? NULL : (const int4 *)(dy_only ? a->peers->dy[o] : a->peers->x[o]);
       const int4 *p1 = o < 0 || dy_only ? NULL : (const int4 *)a->peers->dy[o];
-      copy_row<U>(p0, p1, o < 0 ? 0 : (size_t)(sl % a->slots_cap / a->k) * vecs, y0, y1, 1u,
-               r0 + l, vecs);
+      const size_t from[1] = {o < 0 ? 0 : (size_t)(sl % a->slots_cap / a->k) * vecs};
+      const unsigned one[1] = {1u};
+      const int to[1] = {r0 + l};
+      copy_rows<U, 1>(p0, p1, from, y0, y1, one, to, vecs);
     }
   }
 }
