@@ -144,7 +144,9 @@ typedef struct small_case {
 } small_case;
 
 /* Odd sizes: tiles that overhang H and I, one expert, T = 1, a shared expert of another I,
- * k > 32 (dispatch takes a token's slots 32 at a time), and for the schedule's scan: more
+ * k > 32 (dispatch takes a token's slots 32 at a time), T = 2100 (between one and two tokens a
+ * warp of the layer launch, which takes them two at a time: the warps whose second token is past
+ * T, and their step back to their first group of routed rows), and for the schedule's scan: more
  * experts than its block has threads, with more chunks than it loads in one batch (9 chunks of
  * 1024 slots), and 33 chunks over 21 rows of 48 threads (slices of 2 after a prefix). */
 static const small_case small_cases[] = {
