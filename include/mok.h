@@ -58,7 +58,9 @@ typedef enum mok_status {
 } mok_status;
 
 typedef enum mok_backend { MOK_BACKEND_CPU = 0, MOK_BACKEND_CUDA = 1 } mok_backend;
-typedef enum mok_precision { MOK_BF16 = 0, MOK_FP8 = 1 /* not yet supported */ } mok_precision;
+/* MOK_FP8: every matrix product on e4m3 operands with fp32 scales per 1 x 128 (activations,
+ * gradients) and 128 x 128 (weights), DESIGN.md §8; inputs, outputs and saved stay as in BF16. */
+typedef enum mok_precision { MOK_BF16 = 0, MOK_FP8 = 1 } mok_precision;
 
 /* How backward writes the six weight gradients. */
 typedef enum mok_grad_mode {
@@ -171,6 +173,9 @@ typedef struct mok_weights {   /* bf16, row-major; E_local experts of this rank 
   const void *ws_gate;         /* [I_s, H]; NULL when I_s = 0 */
   const void *ws_up;           /* [I_s, H] */
   const void *ws_down;         /* [H, I_s] */
+  const void *fp8;             /* MOK_FP8: mok_fp8_weights_bytes(ws) bytes filled by
+                                * mok_quantize_weights or mok_fp8_weights_import; the bf16
+                                * pointers above are then not read (may be NULL). MOK_BF16: NULL */
 } mok_weights;
 
 typedef struct mok_forward_args {
@@ -216,6 +221,29 @@ mok_status mok_forward(mok_workspace *ws, const mok_forward_args *a, void *strea
 mok_status mok_recompute(mok_workspace *ws, const mok_forward_args *a, void *stream);
 /* dx, d_topk_weights and the six weight gradients. */
 mok_status mok_backward(mok_workspace *ws, const mok_backward_args *a, void *stream);
+
+/* ---- FP8 weights (precision = MOK_FP8, DESIGN.md §8.3) -------------------------------------- */
+/* Bytes of a workspace's FP8 weight buffer (256-byte aligned, device memory for CUDA): every
+ * weight tensor's e4m3 codes in both orientations and its 128 x 128 block scales. 0 when ws is
+ * NULL or not MOK_FP8. */
+size_t mok_fp8_weights_bytes(const mok_workspace *ws);
+/* fp8 <- the FP8 form of the bf16 weights w (w->fp8 is not read). Once per optimizer step: the
+ * forward and backward of every call read it through mok_weights.fp8. Queued on `stream`. */
+mok_status mok_quantize_weights(mok_workspace *ws, const mok_weights *w, void *fp8, void *stream);
+
+/* One weight tensor already in FP8: codes [E, N, K] e4m3 (the layout of the bf16 tensor it
+ * replaces) and fp32 scales [E, ceil(N / 128), ceil(K / 128)], one per 128 x 128 block, finite and
+ * positive (value = code * scale). */
+typedef struct mok_fp8_matrix {
+  const void *q;
+  const float *s;
+} mok_fp8_matrix;
+typedef struct mok_fp8_given {  /* the shared expert's: all NULL when I_s = 0 */
+  mok_fp8_matrix w_gate, w_up, w_down, ws_gate, ws_up, ws_down;
+} mok_fp8_given;
+/* fp8 <- the given codes and scales, with the transposed codes the dgrads read. */
+mok_status mok_fp8_weights_import(mok_workspace *ws, const mok_fp8_given *w, void *fp8,
+                                  void *stream);
 
 /* Waits for `stream`, then reports (and clears) any device-side error raised since the last check:
  * MOK_ERR_EXPERT_ID, MOK_ERR_CAPACITY, MOK_ERR_TIMEOUT, or MOK_ERR_INVALID_ARG (a CUDA backward

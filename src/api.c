@@ -118,10 +118,7 @@ static mok_status check_shape(const mok_context *ctx, const mok_shape *s) {
             "routed_rows is %lld; expected 0 (the worst case) .. 2^31",
             (long long)s->routed_rows);
   CHECK_ARG(s->precision == MOK_BF16 || s->precision == MOK_FP8,
-            "precision is %d; expected MOK_BF16 (0)", (int)s->precision);
-  if (s->precision == MOK_FP8)
-    return mok_fail(MOK_ERR_UNSUPPORTED, "precision is MOK_FP8, which mok does not support yet "
-                                         "(DESIGN.md section 8); expected MOK_BF16");
+            "precision is %d; expected MOK_BF16 (0) or MOK_FP8 (1)", (int)s->precision);
   return MOK_OK;
 }
 
@@ -213,7 +210,16 @@ static mok_status check_shared(const mok_workspace *ws, const void *p, const cha
     if (st_ != MOK_OK) return st_;    \
   } while (0)
 
-static mok_status check_weights(const mok_workspace *ws, const mok_weights *w) {
+static mok_status check_fp8_buffer(const void *fp8, const char *name) {
+  CHECK_ARG(fp8 != NULL, "%s is NULL; expected mok_fp8_weights_bytes(ws) bytes filled by "
+                         "mok_quantize_weights", name);
+  if (((uintptr_t)fp8) % MOK_ALIGN != 0)
+    return mok_fail(MOK_ERR_ALIGNMENT, "%s (%p) is not %d-byte aligned", name, fp8, MOK_ALIGN);
+  return MOK_OK;
+}
+
+/* The bf16 weights: forward and backward of a MOK_BF16 layer, mok_quantize_weights. */
+static mok_status check_bf16_weights(const mok_workspace *ws, const mok_weights *w) {
   CHECK_TENSOR(w->w_gate, "w.w_gate");
   CHECK_TENSOR(w->w_up, "w.w_up");
   CHECK_TENSOR(w->w_down, "w.w_down");
@@ -221,6 +227,13 @@ static mok_status check_weights(const mok_workspace *ws, const mok_weights *w) {
   TRY(check_shared(ws, w->ws_up, "w.ws_up"));
   TRY(check_shared(ws, w->ws_down, "w.ws_down"));
   return MOK_OK;
+}
+
+/* What forward and backward read: the bf16 weights, or at MOK_FP8 their FP8 buffer alone. */
+static mok_status check_weights(const mok_workspace *ws, const mok_weights *w) {
+  if (ws->shape.precision == MOK_FP8) return check_fp8_buffer(w->fp8, "w.fp8");
+  CHECK_ARG(w->fp8 == NULL, "w.fp8 is given but the workspace is MOK_BF16; expected NULL");
+  return check_bf16_weights(ws, w);
 }
 
 static mok_status check_call(const mok_workspace *ws, const void *args, const char *type) {
@@ -384,4 +397,54 @@ mok_status mok_schedule_counts(mok_workspace *ws, const void *saved, int64_t tok
   mok_saved_layout L = mok_saved_layout_of(ws, tokens);
   return ws->ctx->ops->copy_to_host(ws, counts, (const char *)saved + L.counts,
                                     (size_t)ws->experts_local * sizeof(int32_t), stream);
+}
+
+size_t mok_fp8_weights_bytes(const mok_workspace *ws) {
+  if (!ws) {
+    mok_fail(MOK_ERR_INVALID_ARG, "ws is NULL; create one with mok_workspace_create");
+    return 0;
+  }
+  return mok_fp8_layout_of(ws).bytes;
+}
+
+static mok_status check_fp8_call(const mok_workspace *ws, const void *w, const void *fp8) {
+  CHECK_ARG(ws != NULL, "ws is NULL; create one with mok_workspace_create");
+  CHECK_ARG(ws->shape.precision == MOK_FP8,
+            "the workspace is MOK_BF16; FP8 weights belong to a MOK_FP8 workspace");
+  CHECK_ARG(w != NULL, "the weights are NULL");
+  return check_fp8_buffer(fp8, "fp8");
+}
+
+mok_status mok_quantize_weights(mok_workspace *ws, const mok_weights *w, void *fp8,
+                                void *stream) {
+  TRY(check_fp8_call(ws, w, fp8));
+  TRY(check_bf16_weights(ws, w));
+  return ws->ctx->ops->fp8_weights(ws, w, NULL, fp8, stream);
+}
+
+static mok_status check_fp8_matrix(const mok_workspace *ws, const mok_fp8_matrix *m, int shared,
+                                   const char *name) {
+  if (shared && ws->shape.shared_inter == 0) {
+    CHECK_ARG(m->q == NULL && m->s == NULL,
+              "%s is given but the workspace has no shared expert (I_s = 0)", name);
+    return MOK_OK;
+  }
+  CHECK_ARG(m->q != NULL, "%s.q is NULL; expected e4m3 codes [E, N, K]", name);
+  CHECK_ARG(m->s != NULL, "%s.s is NULL; expected fp32 block scales", name);
+  CHECK_ALIGNED(m->q, name);
+  if (((uintptr_t)m->s) % 4 != 0)
+    return mok_fail(MOK_ERR_ALIGNMENT, "%s.s (%p) is not 4-byte aligned", name, (void *)m->s);
+  return MOK_OK;
+}
+
+mok_status mok_fp8_weights_import(mok_workspace *ws, const mok_fp8_given *w, void *fp8,
+                                  void *stream) {
+  TRY(check_fp8_call(ws, w, fp8));
+  TRY(check_fp8_matrix(ws, &w->w_gate, 0, "w_gate"));
+  TRY(check_fp8_matrix(ws, &w->w_up, 0, "w_up"));
+  TRY(check_fp8_matrix(ws, &w->w_down, 0, "w_down"));
+  TRY(check_fp8_matrix(ws, &w->ws_gate, 1, "ws_gate"));
+  TRY(check_fp8_matrix(ws, &w->ws_up, 1, "ws_up"));
+  TRY(check_fp8_matrix(ws, &w->ws_down, 1, "ws_down"));
+  return ws->ctx->ops->fp8_weights(ws, NULL, w, fp8, stream);
 }

@@ -130,6 +130,6 @@ mok_status mok_host_layer_create(const mok_shape *s, int64_t tokens, uint64_t se
 }
 
 mok_weights mok_host_layer_weights(const mok_host_layer *L) {
-  mok_weights w = {L->w_gate, L->w_up, L->w_down, L->ws_gate, L->ws_up, L->ws_down};
+  mok_weights w = {L->w_gate, L->w_up, L->w_down, L->ws_gate, L->ws_up, L->ws_down, NULL};
   return w;
 }

@@ -99,6 +99,21 @@ typedef struct mok_saved_layout {
   size_t bytes;          /* total */
 } mok_saved_layout;
 
+/* The FP8 weight buffer (DESIGN §8.3): for each weight tensor [E, N, K] (E = E_local, or 1 for
+ * the shared expert's; none when I_s = 0), its e4m3 codes, the codes transposed and the block
+ * scales. Offsets in bytes from the buffer's start, multiples of MOK_ALIGN. */
+typedef struct mok_fp8_matrix_layout {
+  int64_t experts, n, k;  /* E, N, K */
+  size_t q;               /* u8 [E, N, K] codes */
+  size_t qt;              /* u8 [E, K, N] the same codes, transposed */
+  size_t s;               /* f32 [E, ceil(N / 128), ceil(K / 128)] block scales */
+} mok_fp8_matrix_layout;
+enum { MOK_W_GATE, MOK_W_UP, MOK_W_DOWN, MOK_WS_GATE, MOK_WS_UP, MOK_WS_DOWN, MOK_W_COUNT };
+typedef struct mok_fp8_layout {
+  mok_fp8_matrix_layout m[MOK_W_COUNT]; /* indexed by MOK_W_* */
+  size_t bytes;
+} mok_fp8_layout;
+
 /* ---- expert-parallel group (group.c, nccl.c) ------------------------------------------------ */
 /* Emulated ranks in one process, or one rank of a group of processes over NCCL. `ws` is the peer
  * table: rank r's workspace, whose symmetric buffers the other ranks read (dispatch pulls) and
@@ -186,6 +201,8 @@ struct mok_workspace {
 
 /* The one place that lays out `saved` for a call of `tokens` tokens. */
 mok_saved_layout mok_saved_layout_of(const mok_workspace *ws, int64_t tokens);
+/* The one place that lays out a workspace's FP8 weight buffer (bytes = 0 unless MOK_FP8). */
+mok_fp8_layout mok_fp8_layout_of(const mok_workspace *ws);
 
 /* Backend function table. Arguments have been checked by api.c when these are called. */
 typedef struct mok_backend_ops {
@@ -209,6 +226,10 @@ typedef struct mok_backend_ops {
    * MOK_DEVERR_PEER_ARG, so that every rank fails it. */
   mok_status (*group_ready)(mok_workspace *ws);
   mok_status (*refuse)(mok_workspace *ws, void *stream);
+  /* MOK_FP8 workspaces (DESIGN §8.3): fp8 <- Q_blk of the bf16 weights w (given NULL), or the
+   * codes and scales given (w NULL), with the transposed codes. */
+  mok_status (*fp8_weights)(mok_workspace *ws, const mok_weights *w, const mok_fp8_given *given,
+                            void *fp8, void *stream);
 } mok_backend_ops;
 
 extern const mok_backend_ops mok_cpu_ops;

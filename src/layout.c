@@ -1,7 +1,9 @@
 /*
- * layout.c: the layout of the per-call `saved` buffer. Sizes and offsets are computed here and
- * nowhere else; backends carve their pointers from the returned struct.
+ * layout.c: the layout of the per-call `saved` buffer and of the FP8 weight buffer. Sizes and
+ * offsets are computed here and nowhere else; backends carve their pointers from the returned
+ * structs.
  */
+#include "fp8.h"
 #include "internal.h"
 
 /* Routed rows on this rank, padding included: every non-empty expert pads its segment by at most
@@ -37,5 +39,31 @@ mok_saved_layout mok_saved_layout_of(const mok_workspace *ws, int64_t tokens) {
   L.gus = mok_take(&c, tokens * 2 * s->shared_inter * 2);
   L.hs = mok_take(&c, tokens * s->shared_inter * 2);
   L.bytes = c;
+  return L;
+}
+
+mok_fp8_layout mok_fp8_layout_of(const mok_workspace *ws) {
+  const mok_shape *s = &ws->shape;
+  const int64_t H = s->hidden, I = s->inter, Is = s->shared_inter, E = ws->experts_local;
+  const int on = s->precision == MOK_FP8, shared = on && Is > 0;
+  /* [E, N, K] of each tensor, in MOK_W_* order */
+  const int64_t dims[MOK_W_COUNT][3] = {{E, I, H},  {E, I, H},  {E, H, I},
+                                        {1, Is, H}, {1, Is, H}, {1, H, Is}};
+  mok_fp8_layout L;
+  size_t c = 0;
+  for (int i = 0; i < MOK_W_COUNT; i++) {
+    mok_fp8_matrix_layout *m = &L.m[i];
+    const int here = i < MOK_WS_GATE ? on : shared;
+    m->experts = here ? dims[i][0] : 0;
+    m->n = dims[i][1];
+    m->k = dims[i][2];
+    const int64_t codes = m->experts * m->n * m->k;
+    const int64_t blocks = m->experts * ((m->n + MOK_FP8_GROUP - 1) / MOK_FP8_GROUP) *
+                           ((m->k + MOK_FP8_GROUP - 1) / MOK_FP8_GROUP);
+    m->q = mok_take(&c, codes);
+    m->qt = mok_take(&c, codes);
+    m->s = mok_take(&c, blocks * (int64_t)sizeof(float));
+  }
+  L.bytes = on ? c : 0;
   return L;
 }

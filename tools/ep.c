@@ -80,7 +80,7 @@ static int rank_to_device(ep_rank *u, const mok_host_layer *L, int64_t T, int64_
     if (u->n[i] && !(u->dev_out[i] = rank_upload(u, NULL, out_bytes(u, i)))) return -1;
   void *saved = rank_upload(u, NULL, mok_saved_bytes(u->ws, T));
   if (!saved) return -1;
-  const mok_weights w = {d[4], d[5], d[6], d[7], d[8], d[9]};
+  const mok_weights w = {d[4], d[5], d[6], d[7], d[8], d[9], NULL};
   const mok_grads g = {u->dev_out[OUT_DW_GATE],  u->dev_out[OUT_DW_UP],
                        u->dev_out[OUT_DW_DOWN],  u->dev_out[OUT_DWS_GATE],
                        u->dev_out[OUT_DWS_UP],   u->dev_out[OUT_DWS_DOWN]};

@@ -175,7 +175,7 @@ int tool_layer_create(tool_layer *L, const cli_options *o) {
                  on_cuda(L) ? "copying to the GPU" : "preparing", 1e-9 * (double)out_bytes);
   const mok_host_layer *in = &L->in;
   const mok_weights hw = mok_host_layer_weights(in);
-  mok_weights w;
+  mok_weights w = {0};
   const void *x, *dy, *ids, *wts;
   if (upload(L, in->x, xb, &x) || upload(L, in->dy, xb, &dy) ||
       upload(L, in->topk_ids, rb, &ids) || upload(L, in->topk_weights, rb, &wts) ||

@@ -71,8 +71,18 @@ class Shape(ctypes.Structure):
                 ("precision", c_int), ("routed_rows", c_int64)]
 
 
+class FP8Matrix(ctypes.Structure):
+    _fields_ = [("q", c_void_p), ("s", c_void_p)]
+
+
+class FP8Given(ctypes.Structure):
+    _fields_ = [(n, FP8Matrix) for n in ("w_gate", "w_up", "w_down", "ws_gate", "ws_up",
+                                         "ws_down")]
+
+
 class Weights(ctypes.Structure):
-    _fields_ = [(n, c_void_p) for n in ("w_gate", "w_up", "w_down", "ws_gate", "ws_up", "ws_down")]
+    _fields_ = [(n, c_void_p) for n in ("w_gate", "w_up", "w_down", "ws_gate", "ws_up", "ws_down",
+                                        "fp8")]
 
 
 class ForwardArgs(ctypes.Structure):
@@ -118,6 +128,9 @@ _PROTOTYPES = {
     "mok_backward": (c_int, [c_void_p, POINTER(BackwardArgs), c_void_p]),
     "mok_check": (c_int, [c_void_p, c_void_p]),
     "mok_schedule_counts": (c_int, [c_void_p, c_void_p, c_int64, POINTER(c_int32), c_void_p]),
+    "mok_fp8_weights_bytes": (c_size_t, [c_void_p]),
+    "mok_quantize_weights": (c_int, [c_void_p, POINTER(Weights), c_void_p, c_void_p]),
+    "mok_fp8_weights_import": (c_int, [c_void_p, POINTER(FP8Given), c_void_p, c_void_p]),
     # mok_gen.h: bf16 conversion (the tests compare bf16.py against it) and seeded generators.
     "mok_f32_to_bf16": (c_uint16, [c_float]),
     "mok_bf16_to_f32": (c_float, [c_uint16]),

@@ -18,6 +18,8 @@ static mok_status cpu_context_init(mok_context *ctx) {
 
 static mok_status cpu_workspace_init(mok_workspace *ws) {
   const mok_shape *s = &ws->shape;
+  if (s->precision == MOK_FP8)
+    return mok_fail(MOK_ERR_UNSUPPORTED, "the CPU backend does not run MOK_FP8 yet");
   const int64_t T = s->max_tokens, H = s->hidden, I = s->inter, Is = s->shared_inter;
   const int64_t Im = I > Is ? I : Is;
   const int64_t R = mok_saved_layout_of(ws, T).rows_cap;
@@ -106,6 +108,23 @@ static mok_status cpu_copy_to_host(mok_workspace *ws, void *dst, const void *src
   return MOK_OK;
 }
 
+static mok_status cpu_fp8_weights(mok_workspace *ws, const mok_weights *w,
+                                  const mok_fp8_given *given, void *fp8, void *stream) {
+  (void)ws, (void)w, (void)given, (void)fp8, (void)stream;
+  return mok_fail(MOK_ERR_UNSUPPORTED, "the CPU backend does not run MOK_FP8 yet");
+}
+
 const mok_backend_ops mok_cpu_ops = {
-    "cpu",           cpu_context_init,  cpu_workspace_init, cpu_workspace_fini, cpu_layer_schedule,
-    cpu_layer_forward, cpu_layer_backward, cpu_check,        cpu_copy_to_host, NULL, NULL};
+    .name = "cpu",
+    .context_init = cpu_context_init,
+    .workspace_init = cpu_workspace_init,
+    .workspace_fini = cpu_workspace_fini,
+    .schedule = cpu_layer_schedule,
+    .forward = cpu_layer_forward,
+    .backward = cpu_layer_backward,
+    .check = cpu_check,
+    .copy_to_host = cpu_copy_to_host,
+    .group_ready = NULL,
+    .refuse = NULL,
+    .fp8_weights = cpu_fp8_weights,
+};

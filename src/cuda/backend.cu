@@ -198,6 +198,8 @@ static int in_nccl_group(const mok_workspace *ws) {
 
 static mok_status cuda_workspace_init(mok_workspace *ws) {
   const mok_shape *s = &ws->shape;
+  if (s->precision == MOK_FP8)
+    return mok_fail(MOK_ERR_UNSUPPORTED, "the CUDA backend does not run MOK_FP8 yet");
   if (s->hidden % 64 || s->inter % 64 || s->shared_inter % 64)
     return mok_fail(MOK_ERR_UNSUPPORTED,
                     "CUDA backend: H (%lld), I (%lld) and I_s (%lld) must be multiples of 64",
@@ -900,7 +902,14 @@ static mok_status cuda_refuse(mok_workspace *ws, void *stream) {
   return st;
 }
 
+static mok_status cuda_fp8_weights(mok_workspace *ws, const mok_weights *w,
+                                   const mok_fp8_given *given, void *fp8, void *stream) {
+  (void)ws, (void)w, (void)given, (void)fp8, (void)stream;
+  return mok_fail(MOK_ERR_UNSUPPORTED, "the CUDA backend does not run MOK_FP8 yet");
+}
+
+/* (Positional: C++17 has no designated initializers; the order is mok_backend_ops'.) */
 extern "C" const mok_backend_ops mok_cuda_ops = {
     "cuda",         cuda_context_init, cuda_workspace_init, cuda_workspace_fini, cuda_schedule,
     cuda_forward,   cuda_backward,     cuda_check,          cuda_copy_to_host,
-    cuda_group_ready, cuda_refuse};
+    cuda_group_ready, cuda_refuse,     cuda_fp8_weights};

@@ -78,7 +78,7 @@ mok_forward_args gpu_forward_args(const gpu_layer *d) {
   a.topk_ids = (const int32_t *)d->ids;
   a.topk_weights = (const float *)d->tw;
   mok_weights w = {d->w[G_GATE], d->w[G_UP], d->w[G_DOWN], d->w[GS_GATE], d->w[GS_UP],
-                   d->w[GS_DOWN]};
+                   d->w[GS_DOWN], NULL};
   a.w = w;
   a.y = d->y;
   a.saved = d->saved;
