@@ -28,7 +28,7 @@ def fwd_flops(s, tokens=None):
 
 def gemm_products(s):
     """(label, FLOPs) of the GEMM launches of one forward and one backward, in the order
-    src/cuda/backend.cu queues them (ep = 1); the shared expert's only when I_s > 0."""
+    src/cuda/layer.cu queues them (ep = 1); the shared expert's only when I_s > 0."""
     r = 2 * s.T * s.k * s.H * s.I     # one routed product I wide
     sh = 2 * s.T * s.H * s.I_s
     fwd = [("gate/up", 2 * r)] + ([("shared gate/up", 2 * sh)] if s.I_s else []) + \

@@ -204,12 +204,6 @@ static mok_status check_shared(const mok_workspace *ws, const void *p, const cha
   return MOK_OK;
 }
 
-#define TRY(expr)                     \
-  do {                                \
-    mok_status st_ = (expr);          \
-    if (st_ != MOK_OK) return st_;    \
-  } while (0)
-
 static mok_status check_fp8_buffer(const void *fp8, const char *name) {
   CHECK_ARG(fp8 != NULL, "%s is NULL; expected mok_fp8_weights_bytes(ws) bytes filled by "
                          "mok_quantize_weights", name);

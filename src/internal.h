@@ -21,6 +21,13 @@ mok_status mok_fail(mok_status s, const char *fmt, ...)
     ;
 void mok_clear_error(void);
 
+/* Returns the status of `expr` from the calling function unless it is MOK_OK. */
+#define TRY(expr)                  \
+  do {                             \
+    mok_status st_ = (expr);       \
+    if (st_ != MOK_OK) return st_; \
+  } while (0)
+
 /* ---- sizes ---------------------------------------------------------------------------------- */
 static inline int64_t mok_round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
 static inline int64_t mok_min64(int64_t a, int64_t b) { return a < b ? a : b; }

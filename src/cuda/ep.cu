@@ -7,7 +7,7 @@
  * Stores are .release and loads .acquire at .sys scope: what a rank wrote before the barrier
  * (published inputs, pushed slot rows) is visible to every rank after it, within one GPU or
  * across GPUs. The epoch counts on the device, so a captured CUDA graph replays correctly.
- * The table of every rank's buffers is written by the host for emulated ranks (backend.cu) and
+ * The table of every rank's buffers is written by the host for emulated ranks (workspace.cu) and
  * read here from the NCCL window for a group of processes.
  */
 #include <nccl_device.h>

@@ -100,7 +100,7 @@ typedef struct gemm_args {
   CUtensorMap b1;  /* up weights for the gate/up kernels; unused otherwise */
   int cn;          /* clusters of GEMM_CM x cn CTAs take as many tiles: the 2 tiles of an N column
                     * share (multicast) B, the cn tiles of an M row share A (gemm.cuh). 1 or 2:
-                    * 1 unless the context's cluster knob asks for 2 x 2 (backend.cu), which
+                    * 1 unless the context's cluster knob asks for 2 x 2 (products.cu), which
                     * picks the kernel compiled for it. A K-major A map has boxes of 128 / cn
                     * rows. */
 
