@@ -9,13 +9,13 @@
  *   mok bench --ep R: the measurements of `mok bench` (mok.c reports them) for the R ranks.
  * Outputs start as NaN (all bits set), so one that no run wrote shows as nonfinite, not as equal.
  */
-#include <cuda_runtime.h>
 #include <omp.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "cudart.h"
 #include "layer.h"
 #include "mok_gen.h"
 

@@ -5,12 +5,13 @@
  */
 #include "layer.h"
 
-#include <cuda_runtime.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+
+#include "cudart.h"
 
 /* ---- progress and errors -------------------------------------------------------------------- */
 
@@ -305,7 +306,7 @@ int tool_run(tool_layer *L, int runs, double *fwd_ms, double *bwd_ms) {
     if (run_timed_cuda(L, runs, fwd_ms, bwd_ms)) return -1;
   } else {
     for (int r = 0; r < runs; r++) {
-      double wall[4];
+      double wall[4] = {0};
       if (run_pair(L, NULL, wall)) return -1;
       if (fwd_ms) fwd_ms[r] = 1e3 * (wall[1] - wall[0]);
       if (bwd_ms) bwd_ms[r] = 1e3 * (wall[3] - wall[2]);

@@ -4,13 +4,13 @@
  * 1 a library call or a check failed, 2 a bad command line. This is the only code in the
  * project that ends the process; everything under it returns errors.
  */
-#include <cuda_runtime.h>
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cli.h"
+#include "cudart.h"
 #include "layer.h"
 #include "mok.h"
 
@@ -144,8 +144,13 @@ static const char *version_text(int v, char *buf) {
 static int cmd_info(void) {
   char lib[16], hdr[16];
   printf("mok %s (mok.h %s)\n", version_text(mok_version(), lib), version_text(MOK_VERSION, hdr));
-  printf("backends built: cpu, cuda (kernels for sm_90a)\n");
   printf("CPU: %d threads (OpenMP)\n", omp_get_max_threads());
+#ifdef MOK_NO_CUDA
+  printf("backends built: cpu (cuda: not built, no nvcc where this mok was built)\n");
+  printf("CUDA devices visible: 0 (the cpu backend works)\n");
+  return 0;
+#endif
+  printf("backends built: cpu, cuda (kernels for sm_90a)\n");
   int rt = 0, drv = 0;
   cudaRuntimeGetVersion(&rt);
   cudaDriverGetVersion(&drv);
