@@ -1,7 +1,8 @@
 # mok: `make` builds libmok.so, libmok.a and the mok command under build/; `make test` builds
-# everything (including the sm_90a compile of every kernel) and runs the CPU tests; `make
-# gpu-check` is the one command to send to the device: it builds, runs the GPU tests, then the
-# benchmark. Jobs run in parallel, one per core, unless -j says otherwise.
+# everything (including the sm_90a compile of every kernel) and runs the CPU tests; `make install
+# PREFIX=...` installs mok.h, the two libraries, mok.pc and the command; `make gpu-check` is the
+# one command to send to the device: it builds, runs the GPU tests, then the benchmark. Jobs run
+# in parallel, one per core, unless -j says otherwise.
 #
 # The CUDA backend is built where nvcc is found (WITH_CUDA=0 leaves it out; WITH_CUDA=1 insists).
 # Without it libmok holds the CPU backend only, needs no CUDA toolkit or NCCL, and a context for
@@ -17,6 +18,18 @@ WITH_CUDA ?= $(if $(shell command -v $(NVCC) 2>/dev/null),1,0)
 ifeq ($(MAKELEVEL)$(filter -j%,$(MAKEFLAGS)),0)
 MAKEFLAGS += -j$(shell nproc 2>/dev/null || echo 1)
 endif
+
+PREFIX  ?= /usr/local
+LIBDIR  ?= $(PREFIX)/lib
+INCLUDEDIR ?= $(PREFIX)/include
+BINDIR  ?= $(PREFIX)/bin
+PKGCONFIGDIR ?= $(LIBDIR)/pkgconfig
+
+# The version is mok.h's. The soname names the ABI: the major, and while that is 0, the minor too
+# (a 0.x release may change the ABI).
+version_part = $(shell sed -n 's/^\#define MOK_VERSION_$(1) \([0-9]*\)$$/\1/p' include/mok.h)
+VERSION := $(call version_part,MAJOR).$(call version_part,MINOR).$(call version_part,PATCH)
+SONAME  := libmok.so.$(if $(filter 0,$(call version_part,MAJOR)),0.$(call version_part,MINOR),$(call version_part,MAJOR))
 
 WARN    := -Wall -Wextra -Werror
 DEPS    := -MMD -MP # each object's header dependencies, in its .d beside it
@@ -61,13 +74,20 @@ CFLAGS  += -DMOK_NO_CUDA
 LIB_SRC := $(filter-out src/nccl.c,$(wildcard src/*.c src/cpu/*.c)) src/cuda/absent.c
 endif
 
+# The seeded inputs and the float64 recomputation, for the tests and the mok command
+# (libmok_check.a, never installed): not part of libmok.
+CHECK_SRC := src/gen.c src/cpu/ref64.c
+LIB_SRC := $(filter-out $(CHECK_SRC),$(LIB_SRC))
 LIB_OBJ := $(patsubst %,$(BUILD)/%.o,$(basename $(LIB_SRC)))
+CHECK_OBJ := $(CHECK_SRC:%.c=$(BUILD)/%.o)
+# What the tests and the command link: both archives, the checking one first.
+LINK_CHECK := $(BUILD)/libmok_check.a $(BUILD)/libmok.a
 TEST_C  := $(wildcard tests/*.c)
 # The mok command: every tools/*.c but the README's example.
 TOOL_C  := $(filter-out tools/example.c,$(wildcard tools/*.c))
 GPU_SRC := $(wildcard tests/gpu/*.c tests/gpu/*.cu)
 GPU_OBJ := $(patsubst %,$(BUILD)/%.o,$(basename $(GPU_SRC))) $(BUILD)/tests/gpu/main.o
-ALL_OBJ := $(LIB_OBJ) $(TEST_C:%.c=$(BUILD)/%.o) $(TOOL_C:%.c=$(BUILD)/%.o) \
+ALL_OBJ := $(LIB_OBJ) $(CHECK_OBJ) $(TEST_C:%.c=$(BUILD)/%.o) $(TOOL_C:%.c=$(BUILD)/%.o) \
            $(if $(filter 1,$(WITH_CUDA)),$(GPU_OBJ))
 
 all: $(BUILD)/libmok.so $(BUILD)/libmok.a $(BUILD)/mok
@@ -105,18 +125,30 @@ $(BUILD)/libmok.a: $(LIB_OBJ)
 	@rm -f $@
 	ar rcs $@ $^
 
-$(BUILD)/libmok.so: $(LIB_OBJ)
-	$(CC) -shared -o $@ $^ $(LDLIBS)
+$(BUILD)/libmok_check.a: $(CHECK_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
 
-$(BUILD)/mok: $(TOOL_C:%.c=$(BUILD)/%.o) $(BUILD)/libmok.a
+# libmok.so exports the functions mok.h declares and nothing else (tests/install.sh checks).
+$(BUILD)/libmok.map: include/mok.h
+	@mkdir -p $(dir $@)
+	{ echo '{ global:'; grep -o 'mok_[a-z0-9_]*(' $< | tr -d '(' | sort -u | sed 's/$$/;/'; \
+	  echo 'local: *; };'; } > $@
+
+$(BUILD)/libmok.so: $(LIB_OBJ) $(BUILD)/libmok.map
+	$(CC) -shared -Wl,-soname,$(SONAME) -Wl,--version-script=$(BUILD)/libmok.map -o $@ \
+	  $(LIB_OBJ) $(LDLIBS)
+
+$(BUILD)/mok: $(TOOL_C:%.c=$(BUILD)/%.o) $(LINK_CHECK)
 	$(CC) -o $@ $^ $(LDLIBS)
 
-# The README's C example, built (and run) by make test.
+# The README's C example, built (and run) by make test; tests/install.sh builds it again against
+# the installed library, with pkg-config.
 $(BUILD)/example: tools/example.c $(BUILD)/libmok.a
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
 
-$(BUILD)/test_mok: $(TEST_C:%.c=$(BUILD)/%.o) $(BUILD)/tools/cli.o $(BUILD)/libmok.a
-	$(CC) -o $@ $(filter %.o,$^) $(BUILD)/libmok.a $(LDLIBS)
+$(BUILD)/test_mok: $(TEST_C:%.c=$(BUILD)/%.o) $(BUILD)/tools/cli.o $(LINK_CHECK)
+	$(CC) -o $@ $^ $(LDLIBS)
 
 # The GPU test binary shares main.c with the CPU one; its tables.h lists the GPU test files.
 $(BUILD)/tests/gpu/main.o: tests/main.c
@@ -131,7 +163,7 @@ $(BUILD)/tests/gpu/%.o: tests/gpu/%.cu $(NVEXTRA_STAMP)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -Itests -c $< -o $@
 
-$(BUILD)/test_gpu: $(GPU_OBJ) $(BUILD)/tests/harness.o $(BUILD)/libmok.a
+$(BUILD)/test_gpu: $(GPU_OBJ) $(BUILD)/tests/harness.o $(LINK_CHECK)
 	$(CC) -o $@ $^ $(LDLIBS)
 
 # make test: where nvcc is, also the GPU test binary (every kernel compiled for sm_90a), and a
@@ -140,6 +172,7 @@ test: all $(BUILD)/test_mok $(BUILD)/example $(if $(filter 1,$(WITH_CUDA)),$(BUI
 	./$(BUILD)/test_mok
 	./tests/cli.sh
 	MOK_LIB=$(BUILD)/libmok.so $(PYTHON) -m pytest -q python/tests
+	./tests/install.sh
 ifeq ($(WITH_CUDA),1)
 	$(MAKE) --no-print-directory WITH_CUDA=0 BUILD=$(BUILD)/no-cuda test-no-cuda
 endif
@@ -148,6 +181,24 @@ endif
 # absent, and the C tests and the command's pass without it.
 test-no-cuda: all $(BUILD)/test_mok
 	./tests/no-cuda.sh $(BUILD)
+
+# DESTDIR stages the install elsewhere (for packaging); mok.pc gets the final paths.
+install: all
+	install -d $(DESTDIR)$(INCLUDEDIR) $(DESTDIR)$(LIBDIR) $(DESTDIR)$(BINDIR) \
+	  $(DESTDIR)$(PKGCONFIGDIR)
+	install -m 644 include/mok.h $(DESTDIR)$(INCLUDEDIR)/mok.h
+	install -m 644 $(BUILD)/libmok.a $(DESTDIR)$(LIBDIR)/libmok.a
+	install -m 755 $(BUILD)/libmok.so $(DESTDIR)$(LIBDIR)/libmok.so.$(VERSION)
+	ln -sf libmok.so.$(VERSION) $(DESTDIR)$(LIBDIR)/$(SONAME)
+	ln -sf $(SONAME) $(DESTDIR)$(LIBDIR)/libmok.so
+	install -m 755 $(BUILD)/mok $(DESTDIR)$(BINDIR)/mok
+	sed -e 's|@LIBDIR@|$(LIBDIR)|' -e 's|@INCLUDEDIR@|$(INCLUDEDIR)|' -e 's|@VERSION@|$(VERSION)|' \
+	  -e 's|@LIBS_PRIVATE@|$(LDLIBS)|' mok.pc.in > $(DESTDIR)$(PKGCONFIGDIR)/mok.pc
+
+uninstall:
+	rm -f $(DESTDIR)$(INCLUDEDIR)/mok.h $(DESTDIR)$(LIBDIR)/libmok.a \
+	  $(DESTDIR)$(LIBDIR)/libmok.so.$(VERSION) $(DESTDIR)$(LIBDIR)/$(SONAME) \
+	  $(DESTDIR)$(LIBDIR)/libmok.so $(DESTDIR)$(BINDIR)/mok $(DESTDIR)$(PKGCONFIGDIR)/mok.pc
 
 gpu-check: all $(BUILD)/test_gpu
 	./tools/gpu-check.sh
@@ -161,4 +212,4 @@ clean:
 
 -include $(ALL_OBJ:.o=.d)
 
-.PHONY: all test test-no-cuda gpu-check bench clean
+.PHONY: all test test-no-cuda install uninstall gpu-check bench clean

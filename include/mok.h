@@ -79,6 +79,12 @@ const char *mok_status_string(mok_status s); /* one line saying what the code me
 /* The last failure on the calling thread: what was wrong and what was expected. "" if none. */
 const char *mok_last_error(void);
 
+/* ---- bf16 ----------------------------------------------------------------------------------- */
+/* The bit pattern of a bf16 value in a uint16_t. Round-to-nearest-even; NaN stays NaN (quiet), Inf
+ * stays Inf, overflow rounds to Inf. */
+uint16_t mok_f32_to_bf16(float f);
+float mok_bf16_to_f32(uint16_t b);
+
 /* ---- expert-parallel group ------------------------------------------------------------------ */
 /* `ranks` ranks emulated in this process: each rank has its own context and workspace, and calls
  * mok_forward / mok_backward from its own thread, as separate processes would; their buffers

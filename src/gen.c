@@ -10,9 +10,6 @@
 #include "internal.h"
 #include "mok_gen.h"
 
-uint16_t mok_f32_to_bf16(float f) { return f32_to_bf16(f); }
-float mok_bf16_to_f32(uint16_t b) { return bf16_to_f32(b); }
-
 static uint64_t splitmix64(uint64_t z) {
   z += 0x9e3779b97f4a7c15ull;
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;

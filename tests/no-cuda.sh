@@ -11,7 +11,7 @@ check() { # check NAME STATUS PATTERN -- COMMAND...: as in tests/cli.sh
   local name=$1 want=$2 pattern=$3 rc=0 out
   shift 4
   out=$("$@" 2>&1) || rc=$?
-  if [[ $rc -eq $want ]] && { [[ -z $pattern ]] || tr '\n' ' ' <<<"$out" | grep -Eq -- "$pattern"; }; then
+  if [[ $rc -eq $want ]] && { [[ -z $pattern ]] || printf '%s' "$out" | tr '\n' ' ' | grep -Eq -- "$pattern"; }; then
     printf 'ok   %s\n' "$name"
     passed=$((passed + 1))
   else

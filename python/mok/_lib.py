@@ -1,4 +1,4 @@
-"""_lib.py: ctypes declarations of include/mok.h (and the bf16/generator part of mok_gen.h), the
+"""_lib.py: ctypes declarations of include/mok.h, the
 loading of libmok.so, and the mapping of mok_status codes to Python exceptions.
 
 Nothing here allocates or caches; core.py builds on it. The library is found at $MOK_LIB, else at
@@ -7,7 +7,7 @@ Nothing here allocates or caches; core.py builds on it. The library is found at 
 import ctypes
 import os
 from ctypes import POINTER, c_char_p, c_float, c_int, c_int32, c_int64, c_size_t, c_uint16
-from ctypes import c_uint64, c_void_p
+from ctypes import c_void_p
 from pathlib import Path
 
 # The ABI this binding was written against (mok.h MOK_VERSION_*); the major must match.
@@ -131,11 +131,9 @@ _PROTOTYPES = {
     "mok_fp8_weights_bytes": (c_size_t, [c_void_p]),
     "mok_quantize_weights": (c_int, [c_void_p, POINTER(Weights), c_void_p, c_void_p]),
     "mok_fp8_weights_import": (c_int, [c_void_p, POINTER(FP8Given), c_void_p, c_void_p]),
-    # mok_gen.h: bf16 conversion (the tests compare bf16.py against it) and seeded generators.
+    # bf16 conversion (the tests compare bf16.py against it).
     "mok_f32_to_bf16": (c_uint16, [c_float]),
     "mok_bf16_to_f32": (c_float, [c_uint16]),
-    "mok_gen_normal_bf16": (None, [c_uint64, c_uint64, c_float, c_void_p, c_size_t]),
-    "mok_gen_routing": (None, [c_uint64, c_int64, c_int32, c_int32, c_void_p, c_void_p]),
 }
 
 

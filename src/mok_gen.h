@@ -1,8 +1,9 @@
 /*
- * mok_gen.h: bf16 conversion and seeded random layer inputs, shared by the tests, the mok
- * command, the Python tests and the benchmarks. Generation is counter-based (value i of stream s
- * depends only on seed, s and i), so any slice of a tensor can be made alone and in parallel, and
- * the same seed gives the same tensors everywhere.
+ * mok_gen.h: seeded random layer inputs for the tests, the mok command and the Python tests'
+ * references. Generation is counter-based (value i of stream s depends only on seed, s and i), so
+ * any slice of a tensor can be made alone and in parallel, and the same seed gives the same
+ * tensors everywhere. Not part of libmok: built with the float64 recomputation (src/cpu/ref64.c)
+ * into build/libmok_check.a, which the tests and the command link.
  */
 #ifndef MOK_GEN_H
 #define MOK_GEN_H
@@ -15,10 +16,6 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-/* Round-to-nearest-even; NaN stays NaN (quiet), Inf stays Inf, overflow rounds to Inf. */
-uint16_t mok_f32_to_bf16(float f);
-float mok_bf16_to_f32(uint16_t b);
 
 /* out[i] = bf16(scale * N(0,1)) for the i-th value of stream `stream`. */
 void mok_gen_normal_bf16(uint64_t seed, uint64_t stream, float scale, uint16_t *out, size_t n);
