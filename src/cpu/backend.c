@@ -18,8 +18,6 @@ static mok_status cpu_context_init(mok_context *ctx) {
 
 static mok_status cpu_workspace_init(mok_workspace *ws) {
   const mok_shape *s = &ws->shape;
-  if (s->precision == MOK_FP8)
-    return mok_fail(MOK_ERR_UNSUPPORTED, "the CPU backend does not run MOK_FP8 yet");
   const int64_t T = s->max_tokens, H = s->hidden, I = s->inter, Is = s->shared_inter;
   const int64_t Im = I > Is ? I : Is;
   const int64_t R = mok_saved_layout_of(ws, T).rows_cap;
@@ -106,12 +104,6 @@ static mok_status cpu_copy_to_host(mok_workspace *ws, void *dst, const void *src
   (void)stream;
   memcpy(dst, src, bytes);
   return MOK_OK;
-}
-
-static mok_status cpu_fp8_weights(mok_workspace *ws, const mok_weights *w,
-                                  const mok_fp8_given *given, void *fp8, void *stream) {
-  (void)ws, (void)w, (void)given, (void)fp8, (void)stream;
-  return mok_fail(MOK_ERR_UNSUPPORTED, "the CPU backend does not run MOK_FP8 yet");
 }
 
 const mok_backend_ops mok_cpu_ops = {

@@ -146,4 +146,18 @@ void cpu_load_panels(const mok_workspace *ws, const uint16_t *w_gate, const uint
 /* common.c: this thread's row scratch (per_thread_len floats). Call inside a parallel region. */
 float *cpu_thread_scratch(const mok_workspace *ws);
 
+/* ---- quant.c: the FP8 recipe (DESIGN §8) ----------------------------------------------------- */
+/* The backend op fp8_weights: fp8 <- Q_blk of the bf16 weights w, or the codes and scales given
+ * (refused, fp8 untouched, if a scale is not finite and positive), with the transposed codes. */
+mok_status cpu_fp8_weights(mok_workspace *ws, const mok_weights *w, const mok_fp8_given *given,
+                           void *fp8, void *stream);
+/* dst[i] = decode(q[i]) * s[i / 128]: a row of a weight tensor's codes and its blocks' scales. */
+void cpu_fp8_decode_row(float *dst, const uint8_t *q, const float *s, int64_t n);
+/* Q_row in place: each group of 128 consecutive values from v[0] (the last may be shorter)
+ * replaced by what its e4m3 codes stand for. */
+void cpu_q_row(float *v, int64_t n);
+/* Q_col in place over `rows` rows of `cols` values, `stride` apart: each column of each block of
+ * 128 rows from row 0 is a group. Call inside a parallel region (the team splits the columns). */
+void cpu_q_cols(float *m, int64_t rows, int64_t cols, int64_t stride);
+
 #endif /* MOK_CPU_H */

@@ -36,6 +36,8 @@ mok_status cpu_layer_schedule(mok_workspace *ws, const mok_forward_args *a, void
 mok_status cpu_layer_forward(mok_workspace *ws, const mok_forward_args *a, int compute_y,
                              void *stream) {
   (void)stream;
+  if (ws->shape.precision == MOK_FP8)
+    return mok_fail(MOK_ERR_UNSUPPORTED, "the CPU backend does not run the MOK_FP8 layer yet");
   const int64_t T = a->tokens;
   cpu_saved sv = cpu_saved_view(ws, a->saved, T);
   publish(ws, T, a->x, NULL);
@@ -87,6 +89,8 @@ static mok_status check_saved_filled(const cpu_saved *sv, int64_t tokens) {
 
 mok_status cpu_layer_backward(mok_workspace *ws, const mok_backward_args *a, void *stream) {
   (void)stream;
+  if (ws->shape.precision == MOK_FP8)
+    return mok_fail(MOK_ERR_UNSUPPORTED, "the CPU backend does not run the MOK_FP8 layer yet");
   const cpu_state *st = cpu_state_of(ws);
   const int64_t T = a->tokens;
   cpu_saved sv = cpu_saved_view(ws, a->saved, T);
