@@ -7,6 +7,8 @@ ws_gate, ws_up, ws_down) as mok.moe does and returns y [T, H] bf16, differentiab
                   (index_add in fp32), shared expert as dense matmuls.
   loop_moe        the same with one matmul per expert in a Python loop (group sizes go to the host).
   reference_moe   float32 throughout, one expert at a time (for the startup check only).
+  torch_router    the router of DESIGN.md §1.2 in plain PyTorch (linear in fp32, softmax or
+                  sigmoid, bias, group-limited topk), the baseline beside mok's router.
 
 torch._grouped_mm(mat_a, mat_b, offs) in torch 2.11 (aten/src/ATen/native/GroupedMMUtils.h,
 cuda/GroupedBlas.cpp, cuda/GroupMM.cu): 2d x 3d is mat_a [M, K] bf16 (rows of group g are
@@ -113,6 +115,33 @@ def reference_moe(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate=None,
     if ws_gate is not None:
         y = y + (F.silu(xf @ f(ws_gate).T) * (xf @ f(ws_up).T)) @ f(ws_down).T
     return y
+
+
+def torch_router(x, w_router, top_k, bias=None, *, scoring="softmax", n_group=0, topk_group=0,
+                 renormalize=False, scale=1.0):
+    """(topk_ids int64, topk_weights fp32, counts int32 [E], aux_loss, z_loss) with mok's math
+    (DESIGN.md §1.2): fp32 logits of bf16 x and W_r; the choice by score + bias (torch.topk: ties
+    in no stated order, unlike mok's lower id); the losses differentiable."""
+    logits = x.float() @ w_router.float().T
+    t, e = logits.shape
+    s = logits.softmax(-1) if scoring == "softmax" else logits.sigmoid()
+    c = s.detach() if bias is None else s.detach() + bias
+    if n_group > 1:
+        g = c.view(t, n_group, -1)
+        gs = g.topk(min(2, g.shape[-1]), dim=-1).values.sum(-1)
+        keep = torch.zeros_like(gs, dtype=torch.bool).scatter_(
+            1, gs.topk(topk_group, dim=-1).indices, True)
+        c = c.masked_fill(~keep.repeat_interleave(e // n_group, dim=1), float("-inf"))
+    ids = c.topk(top_k, dim=-1).indices
+    w = s.gather(1, ids)
+    if renormalize:
+        w = w / w.sum(-1, keepdim=True)
+    w = w * scale
+    counts = torch.bincount(ids.reshape(-1), minlength=e).to(torch.int32)
+    p = s if scoring == "softmax" else s / s.sum(-1, keepdim=True)
+    aux = e * ((counts.float() / (t * top_k)) * p.mean(0)).sum()
+    z = logits.logsumexp(-1).square().mean()
+    return ids, w, counts, aux, z
 
 
 def grouped_mm_available(device):

@@ -251,6 +251,71 @@ typedef struct mok_fp8_given {  /* the shared expert's: all NULL when I_s = 0 */
 mok_status mok_fp8_weights_import(mok_workspace *ws, const mok_fp8_given *w, void *fp8,
                                   void *stream);
 
+/* ---- the router (DESIGN.md §1.2) ------------------------------------------------------------ */
+/* logits = x W_r^T, scores by softmax or sigmoid, an optional bias that steers the choice only,
+ * optional group-limited choice, top-k (ties: the lower expert id), optional renormalisation and
+ * a scaling factor; per-expert counts and optional auxiliary losses. Backward from
+ * d_topk_weights (and the losses' gradients) gives dx and dW_r. A router is made once per
+ * configuration on a context, like a workspace; it holds the scratch its backward needs. */
+typedef enum mok_router_scoring {
+  MOK_ROUTER_SOFTMAX = 0, /* s = softmax(logits) over the E experts */
+  MOK_ROUTER_SIGMOID = 1  /* s = sigmoid(logits), each expert on its own (DeepSeek-V3) */
+} mok_router_scoring;
+
+typedef struct mok_router_config {
+  int64_t max_tokens;         /* the most tokens a call will pass, 1..2^20 */
+  int64_t hidden;             /* H */
+  int32_t experts;            /* E, 1..MOK_ROUTER_MAX_EXPERTS */
+  int32_t top_k;              /* k, 1..min(E, MOK_ROUTER_MAX_K) */
+  mok_router_scoring scoring;
+  int32_t n_group;            /* 0 or 1: no group limit; else groups of E / n_group experts and
+                               * only experts of the topk_group best groups are chosen */
+  int32_t topk_group;         /* 1..n_group when n_group > 1 (k <= topk_group * E / n_group) */
+  int32_t renormalize;        /* 1: the k weights are divided by their sum */
+  float scale;                /* every weight is multiplied by it (routed scaling factor) */
+} mok_router_config;
+#define MOK_ROUTER_CONFIG_INIT {0, 0, 0, 0, MOK_ROUTER_SOFTMAX, 0, 0, 0, 1.0f}
+#define MOK_ROUTER_MAX_EXPERTS 1024
+#define MOK_ROUTER_MAX_K 32
+
+typedef struct mok_router mok_router;
+mok_status mok_router_create(mok_context *ctx, const mok_router_config *cfg, mok_router **out);
+void mok_router_destroy(mok_router *r); /* accepts NULL */
+/* Bytes of the router's `saved` buffer for a call of `tokens` tokens (what backward reads: the
+ * logits, the chosen ids and the counts). 0 when r is NULL or tokens is outside 1..max_tokens. */
+size_t mok_router_saved_bytes(const mok_router *r, int64_t tokens);
+
+typedef struct mok_router_forward_args {
+  int64_t tokens;             /* T, 1..max_tokens */
+  const void *x;              /* [T, H] bf16 */
+  const void *w_router;       /* [E, H] bf16 */
+  const float *bias;          /* [E] fp32 added to the scores for the choice only, or NULL */
+  int32_t *topk_ids;          /* [T, k] out: chosen experts, best first */
+  float *topk_weights;        /* [T, k] out */
+  int32_t *counts;            /* [E] out: slots routed to each expert by this call */
+  float *aux_loss;            /* [1] out, or NULL: the load-balancing loss (DESIGN §1.2) */
+  float *z_loss;              /* [1] out, or NULL: the router z-loss */
+  void *saved;                /* mok_router_saved_bytes(r, T) bytes, 256-byte aligned, out */
+} mok_router_forward_args;
+
+typedef struct mok_router_backward_args {
+  int64_t tokens;             /* T, the forward's */
+  const void *x;              /* [T, H] bf16, the forward's */
+  const void *w_router;       /* [E, H] bf16, the forward's */
+  const void *saved;          /* filled by mok_router_forward with these inputs */
+  const float *d_topk_weights;/* [T, k] fp32 (mok_backward's output) */
+  const float *d_aux_loss;    /* [1] gradient of the loss in aux_loss, or NULL (0) */
+  const float *d_z_loss;      /* [1] gradient of the loss in z_loss, or NULL (0) */
+  void *dx;                   /* [T, H] bf16, out (or in and out with accumulate_dx) */
+  int32_t accumulate_dx;      /* 1: dx = bf16(dx + router's dx) (the layer's dx, in place);
+                               * 0: dx = bf16(router's dx) */
+  void *dw_router;            /* [E, H], out: bf16, or fp32 added to per grad_mode */
+  mok_grad_mode grad_mode;
+} mok_router_backward_args;
+
+mok_status mok_router_forward(mok_router *r, const mok_router_forward_args *a, void *stream);
+mok_status mok_router_backward(mok_router *r, const mok_router_backward_args *a, void *stream);
+
 /* Waits for `stream`, then reports (and clears) any device-side error raised since the last check:
  * MOK_ERR_EXPERT_ID, MOK_ERR_CAPACITY, MOK_ERR_TIMEOUT, or MOK_ERR_INVALID_ARG (a CUDA backward
  * whose saved was not filled for its tokens, or a call refused on another rank). A call that

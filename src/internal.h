@@ -239,6 +239,35 @@ typedef struct mok_backend_ops {
                             void *fp8, void *stream);
 } mok_backend_ops;
 
+/* ---- the router (router.c; DESIGN §1.2) ----------------------------------------------------- */
+struct mok_router {
+  mok_context *ctx;      /* held: the router keeps its context alive */
+  mok_router_config cfg;
+  size_t bytes;          /* memory held by the backend for this router */
+  void *backend;         /* backend-owned state */
+};
+
+/* The router's `saved` buffer for a call of `tokens` tokens; offsets in bytes from its start,
+ * multiples of MOK_ALIGN (layout.c, the one place that computes it). */
+typedef struct mok_router_layout {
+  size_t counts;         /* int32[E] slots routed to each expert */
+  size_t ids;            /* int32[T, k] the chosen experts */
+  size_t logits;         /* float[T, E] */
+  size_t bytes;
+} mok_router_layout;
+mok_router_layout mok_router_layout_of(const mok_router *r, int64_t tokens);
+
+/* Arguments have been checked by router.c when these are called. */
+typedef struct mok_router_ops {
+  mok_status (*init)(mok_router *r);
+  void (*fini)(mok_router *r);
+  mok_status (*forward)(mok_router *r, const mok_router_forward_args *a, void *stream);
+  mok_status (*backward)(mok_router *r, const mok_router_backward_args *a, void *stream);
+} mok_router_ops;
+
+extern const mok_router_ops mok_cpu_router_ops;
+extern const mok_router_ops mok_cuda_router_ops;
+
 extern const mok_backend_ops mok_cpu_ops;
 extern const mok_backend_ops mok_cuda_ops;
 

@@ -1,7 +1,7 @@
 /*
- * layout.c: the layout of the per-call `saved` buffer and of the FP8 weight buffer. Sizes and
- * offsets are computed here and nowhere else; backends carve their pointers from the returned
- * structs.
+ * layout.c: the layout of the per-call `saved` buffers (the layer's and the router's) and of the
+ * FP8 weight buffer. Sizes and offsets are computed here and nowhere else; backends carve their
+ * pointers from the returned structs.
  */
 #include "fp8.h"
 #include "internal.h"
@@ -65,5 +65,16 @@ mok_fp8_layout mok_fp8_layout_of(const mok_workspace *ws) {
     m->s = mok_take(&c, blocks * (int64_t)sizeof(float));
   }
   L.bytes = on ? c : 0;
+  return L;
+}
+
+mok_router_layout mok_router_layout_of(const mok_router *r, int64_t tokens) {
+  const mok_router_config *c = &r->cfg;
+  mok_router_layout L;
+  size_t at = 0;
+  L.counts = mok_take(&at, c->experts * (int64_t)sizeof(int32_t));
+  L.ids = mok_take(&at, tokens * c->top_k * (int64_t)sizeof(int32_t));
+  L.logits = mok_take(&at, tokens * c->experts * (int64_t)sizeof(float));
+  L.bytes = at;
   return L;
 }

@@ -102,6 +102,29 @@ class BackwardArgs(ctypes.Structure):
                 ("grad_mode", c_int)]
 
 
+class RouterConfig(ctypes.Structure):
+    _fields_ = [("max_tokens", c_int64), ("hidden", c_int64), ("experts", c_int32),
+                ("top_k", c_int32), ("scoring", c_int), ("n_group", c_int32),
+                ("topk_group", c_int32), ("renormalize", c_int32), ("scale", c_float)]
+
+
+class RouterForwardArgs(ctypes.Structure):
+    _fields_ = [("tokens", c_int64), ("x", c_void_p), ("w_router", c_void_p), ("bias", c_void_p),
+                ("topk_ids", c_void_p), ("topk_weights", c_void_p), ("counts", c_void_p),
+                ("aux_loss", c_void_p), ("z_loss", c_void_p), ("saved", c_void_p)]
+
+
+class RouterBackwardArgs(ctypes.Structure):
+    _fields_ = [("tokens", c_int64), ("x", c_void_p), ("w_router", c_void_p), ("saved", c_void_p),
+                ("d_topk_weights", c_void_p), ("d_aux_loss", c_void_p), ("d_z_loss", c_void_p),
+                ("dx", c_void_p), ("accumulate_dx", c_int32), ("dw_router", c_void_p),
+                ("grad_mode", c_int)]
+
+
+SCORINGS = {"softmax": 0, "sigmoid": 1}  # mok_router_scoring
+ROUTER_MAX_EXPERTS, ROUTER_MAX_K = 1024, 32
+
+
 # ---- the library --------------------------------------------------------------------------------
 _PROTOTYPES = {
     # name: (restype, argtypes); c_int for mok_status results, which check() turns into exceptions.
@@ -131,6 +154,11 @@ _PROTOTYPES = {
     "mok_fp8_weights_bytes": (c_size_t, [c_void_p]),
     "mok_quantize_weights": (c_int, [c_void_p, POINTER(Weights), c_void_p, c_void_p]),
     "mok_fp8_weights_import": (c_int, [c_void_p, POINTER(FP8Given), c_void_p, c_void_p]),
+    "mok_router_create": (c_int, [c_void_p, POINTER(RouterConfig), POINTER(c_void_p)]),
+    "mok_router_destroy": (None, [c_void_p]),
+    "mok_router_saved_bytes": (c_size_t, [c_void_p, c_int64]),
+    "mok_router_forward": (c_int, [c_void_p, POINTER(RouterForwardArgs), c_void_p]),
+    "mok_router_backward": (c_int, [c_void_p, POINTER(RouterBackwardArgs), c_void_p]),
     # bf16 conversion (the tests compare bf16.py against it).
     "mok_f32_to_bf16": (c_uint16, [c_float]),
     "mok_bf16_to_f32": (c_float, [c_uint16]),

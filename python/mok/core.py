@@ -196,6 +196,68 @@ class Workspace:
         return list(counts)
 
 
+# The router's options (mok_router_config less max_tokens); a router is made per (config, backend,
+# device) and grows with the tokens as a workspace does.
+RouterDims = namedtuple("RouterDims", "hidden experts top_k scoring n_group topk_group renormalize "
+                                      "scale")
+
+
+class Router:
+    """One mok_router for `dims` (RouterDims) and up to `max_tokens` tokens per call."""
+
+    def __init__(self, ctx, dims, max_tokens):
+        self.ctx, self.dims, self.max_tokens = ctx, RouterDims(*dims), int(max_tokens)
+        d = self.dims
+        if d.scoring not in _lib.SCORINGS:
+            raise ValueError(f"scoring is {d.scoring!r}; expected 'softmax' or 'sigmoid'")
+        cfg = _lib.RouterConfig(self.max_tokens, d.hidden, d.experts, d.top_k,
+                                _lib.SCORINGS[d.scoring], d.n_group, d.topk_group,
+                                int(d.renormalize), float(d.scale))
+        ptr = ctypes.c_void_p()
+        check(lib.mok_router_create(ctx.ptr, ctypes.byref(cfg), ctypes.byref(ptr)),
+              "mok_router_create")
+        self.ptr, self._destroy = ptr.value, lib.mok_router_destroy
+        self.lock = threading.Lock() if ctx.backend == "cpu" else _NoLock()
+
+    @property
+    def backend(self):
+        return self.ctx.backend
+
+    def close(self):
+        if getattr(self, "ptr", None):
+            self._destroy(self.ptr)
+            self.ptr = None
+
+    __del__ = close
+
+    def saved_bytes(self, tokens):
+        n = lib.mok_router_saved_bytes(self.ptr, int(tokens))
+        if n == 0:
+            raise _lib.MokInvalidArgument(
+                1, "MOK_ERR_INVALID_ARG",
+                f"tokens is {tokens}; expected 1..max_tokens ({self.max_tokens})",
+                "mok_router_saved_bytes")
+        return n
+
+    def forward(self, tokens, x, w, bias, ids, tw, counts, aux, z, saved, stream=0):
+        a = _lib.RouterForwardArgs(int(tokens), *(_ptr(p) for p in (x, w, bias, ids, tw, counts,
+                                                                     aux, z, saved)))
+        with self.lock:
+            check(lib.mok_router_forward(self.ptr, ctypes.byref(a), _ptr(stream)),
+                  "mok_router_forward")
+
+    def backward(self, tokens, x, w, saved, dtw, d_aux, d_z, dx, accumulate_dx, dw,
+                 grad_mode="bf16", stream=0):
+        if grad_mode not in GRAD_MODES:
+            raise ValueError(f"grad_mode is {grad_mode!r}; expected 'bf16' or 'f32'")
+        a = _lib.RouterBackwardArgs(int(tokens), _ptr(x), _ptr(w), _ptr(saved), _ptr(dtw),
+                                    _ptr(d_aux), _ptr(d_z), _ptr(dx), int(bool(accumulate_dx)),
+                                    _ptr(dw), GRAD_MODES[grad_mode])
+        with self.lock:
+            check(lib.mok_router_backward(self.ptr, ctypes.byref(a), _ptr(stream)),
+                  "mok_router_backward")
+
+
 class _NoLock:
     def __enter__(self):
         return self
@@ -209,6 +271,7 @@ _cache_lock = threading.Lock()
 _contexts = {}    # (backend, device, threads) -> Context
 _workspaces = {}  # (dims, backend, device) -> Workspace
 _retired = []     # replaced by bigger ones; alive for graphs that captured them
+_routers = {}     # (router dims, backend, device) -> Router
 
 
 def context(backend="cpu", device=0, group=None):
@@ -254,6 +317,27 @@ def workspace(dims, tokens, backend="cpu", device=0, max_tokens=None, group=None
         return new
 
 
+def router(dims, tokens, backend="cpu", device=0):
+    """The cached router for dims (RouterDims) on (backend, device) that holds `tokens` tokens,
+    created or grown (to the next power of two) as needed; a replaced one is kept as workspaces
+    are."""
+    dims = RouterDims(*dims)
+    key = (dims, backend, int(device))
+    with _cache_lock:
+        r = _routers.get(key)
+        if r is not None and r.max_tokens >= tokens:
+            return r
+    new = Router(context(backend, device), dims, _grown(tokens, 1))
+    with _cache_lock:
+        cur = _routers.get(key)
+        if cur is not None and cur.max_tokens >= new.max_tokens:
+            return cur
+        if cur is not None:
+            _retired.append(cur)
+        _routers[key] = new
+        return new
+
+
 def _group_workspace(dims, tokens, backend, device, max_tokens, group):
     key = (dims, backend, device, id(group))
     with _cache_lock:
@@ -276,6 +360,7 @@ def cached_workspaces(backend=None, device=None, retired=False):
     """The cached workspaces (with retired=True also those replaced by bigger ones)."""
     with _cache_lock:
         every = list(_workspaces.values()) + (_retired if retired else [])
+        every = [w for w in every if isinstance(w, Workspace)]  # _retired holds routers too
     return [ws for ws in every if (backend is None or ws.backend == backend) and
             (device is None or ws.ctx.device == device)]
 
@@ -285,5 +370,6 @@ def clear_cache():
     CUDA graph that captured a mok call may be replayed after this."""
     with _cache_lock:
         _workspaces.clear()
+        _routers.clear()
         _retired.clear()
         _contexts.clear()

@@ -350,7 +350,10 @@ def check(device=None):
 
 
 class MoELayer(torch.nn.Module):
-    """One MoE layer owning its bf16 weights: forward(x, topk_ids, topk_weights) -> y.
+    """One MoE layer owning its bf16 weights: forward(x, topk_ids, topk_weights) -> y, or, with
+    router=mok.Router(hidden, experts, top_k, ...), forward(x) -> y, routing included (the router
+    is a submodule; after each call `counts`, `aux_loss` and `z_loss` hold that call's, the losses
+    differentiable).
 
     x may have leading dims ([..., H]); topk_ids and topk_weights then [..., k]. Weights start as
     N(0, 1/H) for gate/up and N(0, 1/I) (N(0, 1/I_s)) for down, like mok_gen.h.
@@ -358,8 +361,15 @@ class MoELayer(torch.nn.Module):
     experts / ep experts and needs max_tokens."""
 
     def __init__(self, hidden, inter, experts, top_k, shared_inter=0, *, device=None,
-                 dtype=torch.bfloat16, max_tokens=None, group=None):
+                 dtype=torch.bfloat16, max_tokens=None, group=None, router=None):
         super().__init__()
+        if router is not None and (router.hidden, router.experts, router.top_k) != (
+                hidden, experts, top_k):
+            raise ValueError(f"MoELayer: router is for hidden {router.hidden}, experts "
+                             f"{router.experts}, top_k {router.top_k}; the layer has {hidden}, "
+                             f"{experts}, {top_k}")
+        self.router = router
+        self.counts = self.aux_loss = self.z_loss = None
         if dtype != torch.bfloat16:
             raise TypeError(f"MoELayer: dtype is {dtype}; mok's weights are torch.bfloat16")
         if not 1 <= top_k <= experts:
@@ -394,8 +404,20 @@ class MoELayer(torch.nn.Module):
             if w is not None:
                 w.normal_(0.0, fan_in ** -0.5, generator=generator)
 
-    def forward(self, x, topk_ids, topk_weights):
+    def forward(self, x, topk_ids=None, topk_weights=None):
         lead = x.shape[:-1]
+        if self.router is not None:
+            if topk_ids is not None or topk_weights is not None:
+                raise ValueError("MoELayer: this layer routes with its router; call layer(x)")
+            from .torch_router import routed_moe
+            y, self.counts, self.aux_loss, self.z_loss = routed_moe(
+                x.reshape(-1, self.hidden), self.router,
+                (self.w_gate, self.w_up, self.w_down, self.ws_gate, self.ws_up, self.ws_down),
+                max_tokens=self.max_tokens, group=_group_of(self.group))
+            return y.reshape(*lead, self.hidden)
+        if topk_ids is None or topk_weights is None:
+            raise ValueError("MoELayer: pass topk_ids and topk_weights, or make the layer with "
+                             "router=mok.Router(...)")
         y = moe(x.reshape(-1, self.hidden), topk_ids.reshape(-1, self.top_k),
                 topk_weights.reshape(-1, self.top_k), self.w_gate, self.w_up, self.w_down,
                 self.ws_gate, self.ws_up, self.ws_down, max_tokens=self.max_tokens,

@@ -14,7 +14,10 @@ from mok import _lib
 ROOT = Path(__file__).resolve().parents[2]
 STRUCTS = {"mok_context_config": _lib.ContextConfig, "mok_shape": _lib.Shape,
            "mok_weights": _lib.Weights, "mok_forward_args": _lib.ForwardArgs,
-           "mok_grads": _lib.Grads, "mok_backward_args": _lib.BackwardArgs}
+           "mok_grads": _lib.Grads, "mok_backward_args": _lib.BackwardArgs,
+           "mok_router_config": _lib.RouterConfig,
+           "mok_router_forward_args": _lib.RouterForwardArgs,
+           "mok_router_backward_args": _lib.RouterBackwardArgs}
 
 
 def test_status_names_match_the_library():

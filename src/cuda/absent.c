@@ -21,6 +21,9 @@ static mok_status absent_context_init(mok_context *ctx) {
 const mok_backend_ops mok_cuda_ops = {.name = "cuda (not built)",
                                       .context_init = absent_context_init};
 
+/* Never reached either: a router needs a context. */
+const mok_router_ops mok_cuda_router_ops = {.init = NULL};
+
 mok_status mok_nccl_id(unsigned char id[MOK_NCCL_ID_BYTES]) {
   (void)id;
   return mok_fail(MOK_ERR_UNSUPPORTED, "NCCL groups: %s", ABSENT);

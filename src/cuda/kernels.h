@@ -238,6 +238,7 @@ cudaError_t router_grad_launch(const int32_t *status, int32_t *sticky, int slots
 cudaError_t ep_preload(void);
 cudaError_t rows_preload(void);
 cudaError_t schedule_preload(void);
+cudaError_t router_preload(void); /* router.cu */
 
 /* ---- the forward's layer launch (gemm_kernels.cu) ------------------------------------------ */
 /* Everything of the forward after the schedule, as phases of one launch with every CTA at a grid
