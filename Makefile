@@ -1,8 +1,9 @@
 # mok: `make` builds libmok.so, libmok.a and the mok command under build/; `make test` builds
 # everything (including the sm_90a compile of every kernel) and runs the CPU tests; `make install
-# PREFIX=...` installs mok.h, the two libraries, mok.pc and the command; `make gpu-check` is the
-# one command to send to the device: it builds, runs the GPU tests, then the benchmark. Jobs run
-# in parallel, one per core, unless -j says otherwise.
+# PREFIX=...` installs mok.h, the two libraries, mok.pc and the command (`pip install .` installs
+# the Python package with them: pyproject.toml, setup.py); `make gpu-check` is the one command to
+# send to the device: it builds, runs the GPU tests, then the benchmark. Jobs run in parallel, one
+# per core, unless -j says otherwise.
 #
 # The CUDA backend is built where nvcc is found (WITH_CUDA=0 leaves it out; WITH_CUDA=1 insists).
 # Without it libmok holds the CPU backend only, needs no CUDA toolkit or NCCL, and a context for
@@ -92,18 +93,19 @@ ALL_OBJ := $(LIB_OBJ) $(CHECK_OBJ) $(TEST_C:%.c=$(BUILD)/%.o) $(TOOL_C:%.c=$(BUI
 
 all: $(BUILD)/libmok.so $(BUILD)/libmok.a $(BUILD)/mok
 
-$(BUILD)/%.o: %.c
+# The compilers' flags (WITH_CUDA's, NVEXTRA: extra nvcc flags such as a probe's -D) are written
+# to a stamp that every object depends on, rewritten only when they change: a build with other
+# flags rebuilds them, and a probe object never outlives its flags.
+FLAGS_STAMP := $(BUILD)/flags.stamp
+$(shell mkdir -p $(BUILD) && { [ -f $(FLAGS_STAMP) ] && \
+  [ "$$(cat $(FLAGS_STAMP))" = "$(CFLAGS) $(NVFLAGS)" ] || echo "$(CFLAGS) $(NVFLAGS)" > $(FLAGS_STAMP); })
+
+$(BUILD)/%.o: %.c $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Itests -c $< -o $@
 
 ifeq ($(WITH_CUDA),1)
-# NVEXTRA (extra nvcc flags, e.g. a probe's -D) is written to a stamp that every CUDA object
-# depends on, rewritten only when it changes: a build with other flags rebuilds them, and a probe
-# object never outlives its flags.
-NVEXTRA_STAMP := $(BUILD)/nvextra.stamp
-$(shell mkdir -p $(BUILD) && { [ -f $(NVEXTRA_STAMP) ] && \
-  [ "$$(cat $(NVEXTRA_STAMP))" = "$(NVEXTRA)" ] || echo "$(NVEXTRA)" > $(NVEXTRA_STAMP); })
-$(BUILD)/%.o: %.cu $(NVEXTRA_STAMP)
+$(BUILD)/%.o: %.cu $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -c $< -o $@
 
@@ -114,7 +116,7 @@ $(BUILD)/%.o: %.cu $(NVEXTRA_STAMP)
 # (20-36 in down dgrad, 4 in the forward's launch at 2 x 2), which it then measures a little
 # slow; serialised wgmma would make it measure nothing, so that stays out.
 GEMM_REFUSE := C75[0-9][0-9]$(if $(filter -DMOK_TILE_CLOCK -DMOK_TILE_CLOCK=%,$(NVEXTRA)),,|[1-9][0-9]* bytes spill)
-$(BUILD)/src/cuda/gemm%.o: src/cuda/gemm%.cu $(NVEXTRA_STAMP)
+$(BUILD)/src/cuda/gemm%.o: src/cuda/gemm%.cu $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -Xptxas -v -c $< -o $@ 2> $@.ptxas || { cat $@.ptxas; rm -f $@; exit 1; }
 	@if grep -E '$(GEMM_REFUSE)' $@.ptxas; then \
@@ -151,15 +153,15 @@ $(BUILD)/test_mok: $(TEST_C:%.c=$(BUILD)/%.o) $(BUILD)/tools/cli.o $(LINK_CHECK)
 	$(CC) -o $@ $^ $(LDLIBS)
 
 # The GPU test binary shares main.c with the CPU one; its tables.h lists the GPU test files.
-$(BUILD)/tests/gpu/main.o: tests/main.c
+$(BUILD)/tests/gpu/main.o: tests/main.c $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Itests/gpu -Itests -c $< -o $@
 
-$(BUILD)/tests/gpu/%.o: tests/gpu/%.c
+$(BUILD)/tests/gpu/%.o: tests/gpu/%.c $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Itests/gpu -Itests -c $< -o $@
 
-$(BUILD)/tests/gpu/%.o: tests/gpu/%.cu $(NVEXTRA_STAMP)
+$(BUILD)/tests/gpu/%.o: tests/gpu/%.cu $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -Itests -c $< -o $@
 
@@ -173,6 +175,7 @@ test: all $(BUILD)/test_mok $(BUILD)/example $(if $(filter 1,$(WITH_CUDA)),$(BUI
 	./tests/cli.sh
 	MOK_LIB=$(BUILD)/libmok.so $(PYTHON) -m pytest -q python/tests
 	./tests/install.sh
+	./tests/wheel.sh
 ifeq ($(WITH_CUDA),1)
 	$(MAKE) --no-print-directory WITH_CUDA=0 BUILD=$(BUILD)/no-cuda test-no-cuda
 endif

@@ -11,7 +11,8 @@ With torch (CPU tensors -> CPU backend, CUDA tensors -> CUDA backend), with auto
 Expert parallelism, one process per GPU: mok.moe(..., group=pg, max_tokens=N) with a
 torch.distributed process group (mok.ep_group(pg) makes mok's NCCL group for it).
 `mok.moe`, `mok.MoELayer`, `mok.check` and `mok.ep_group` import torch on first use.
-The library is loaded from $MOK_LIB, else from <repo>/build/libmok.so (`make` builds it).
+The library is loaded from $MOK_LIB, else from the package (pip install), else from
+<repo>/build/libmok.so (`make` builds it). The mok command: `python -m mok` (or `mok`).
 """
 from ._lib import (MokAlignmentError, MokCapacityError, MokCudaError, MokError, MokExpertIdError,
                    MokInternalError, MokInvalidArgument, MokNcclError, MokOutOfMemory, MokTimeout,

@@ -1,8 +1,8 @@
-"""_lib.py: ctypes declarations of include/mok.h, the
-loading of libmok.so, and the mapping of mok_status codes to Python exceptions.
+"""_lib.py: ctypes declarations of include/mok.h, the loading of libmok.so, and the mapping of
+mok_status codes to Python exceptions.
 
-Nothing here allocates or caches; core.py builds on it. The library is found at $MOK_LIB, else at
-../../build/libmok.so relative to this package (the repository's build folder).
+Nothing here allocates or caches; core.py builds on it. The library is found at $MOK_LIB, else
+inside the package (pip install), else in the repository's build folder (make).
 """
 import ctypes
 import os
@@ -166,26 +166,31 @@ _PROTOTYPES = {
 
 
 def library_path():
-    """Where libmok.so is loaded from: $MOK_LIB, else <repo>/build/libmok.so."""
+    """Where libmok.so is loaded from: $MOK_LIB, else the one inside the package (pip install),
+    else <repo>/build/libmok.so (make, in the repository)."""
     env = os.environ.get("MOK_LIB")
     if env:
         return Path(env).resolve()
-    return (Path(__file__).resolve().parent / ".." / ".." / "build" / "libmok.so").resolve()
+    here = Path(__file__).resolve().parent
+    inside = here / "libmok.so"
+    return inside if inside.is_file() else (here / ".." / ".." / "build" / "libmok.so").resolve()
 
 
 def _load():
     path = library_path()
     if not path.is_file():
-        raise ImportError(f"mok: {path} not found; run `make` in the repository root or set "
-                          f"MOK_LIB to the path of libmok.so")
+        raise ImportError(f"mok: {path} not found; run `make` in the repository root, pip install "
+                          f"mok, or set MOK_LIB to the path of libmok.so")
     lib = ctypes.CDLL(str(path))  # CDLL calls release the GIL while C runs
     for name, (restype, argtypes) in _PROTOTYPES.items():
         fn = getattr(lib, name)
         fn.restype, fn.argtypes = restype, argtypes
     v = lib.mok_version()
-    major = v // 10000
-    if major != VERSION[0]:
-        raise ImportError(f"mok: {path} is version {v}; this binding needs major {VERSION[0]}")
+    # The ABI is the major's, and while that is 0 the minor's too (as the soname says).
+    abi = (v // 10000, v // 100 % 100) if VERSION[0] == 0 else (v // 10000,)
+    if abi != VERSION[:len(abi)]:
+        raise ImportError(f"mok: {path} is version {v}; this binding needs "
+                          f"{'.'.join(map(str, VERSION[:len(abi)]))}.x")
     return lib
 
 
