@@ -191,7 +191,8 @@ typedef struct mok_forward_args {
   const float *topk_weights;   /* [T, k] router weights */
   mok_weights w;
   void *y;                     /* [T, H] bf16, out (may be NULL for mok_recompute) */
-  void *saved;                 /* mok_saved_bytes(ws, T) bytes, out */
+  void *saved;                 /* mok_saved_bytes(ws, T) bytes, out; no tensor of a call may
+                                * overlap it (MOK_ERR_INVALID_ARG) */
 } mok_forward_args;
 
 typedef struct mok_grads {     /* same shapes as mok_weights; bf16 or fp32 per mok_grad_mode */
@@ -200,18 +201,21 @@ typedef struct mok_grads {     /* same shapes as mok_weights; bf16 or fp32 per m
 } mok_grads;
 
 typedef struct mok_backward_args {
-  int64_t tokens;              /* T, as in the forward that filled `saved`; with a saved of
-                                * other tokens or of mok_schedule alone, backward leaves its
-                                * outputs untouched and fails with MOK_ERR_INVALID_ARG (CPU:
-                                * returned; CUDA: from mok_check, after the error of a forward
-                                * that failed, if it did) */
+  int64_t tokens;              /* T, as in the forward that filled `saved` */
   const void *x;               /* [T, H] bf16, the forward's input, unchanged since (the CUDA
                                 * backend may reuse the rows it copied from it then) */
   const int32_t *topk_ids;     /* [T, k], the forward's */
   const float *topk_weights;   /* [T, k], the forward's */
   mok_weights w;
   const void *saved;           /* filled by mok_forward or mok_recompute with these inputs
-                                * (mok_schedule alone does not fill it) */
+                                * (mok_schedule alone does not fill it). A saved of another
+                                * workspace shape, rank or token count, of other topk_ids or
+                                * topk_weights, of mok_schedule alone, never filled, or whose
+                                * schedule was overwritten since is refused with
+                                * MOK_ERR_INVALID_ARG, outputs untouched (CPU: returned; CUDA: from
+                                * mok_check, after the error of a forward that failed, if it
+                                * did). Its activations are not checked: keep saved as the
+                                * forward left it. */
   const void *dy;              /* [T, H] bf16 */
   void *dx;                    /* [T, H] bf16, out */
   float *d_topk_weights;       /* [T, k] fp32, out */
@@ -318,13 +322,14 @@ mok_status mok_router_backward(mok_router *r, const mok_router_backward_args *a,
 
 /* Waits for `stream`, then reports (and clears) any device-side error raised since the last check:
  * MOK_ERR_EXPERT_ID, MOK_ERR_CAPACITY, MOK_ERR_TIMEOUT, or MOK_ERR_INVALID_ARG (a CUDA backward
- * whose saved was not filled for its tokens, or a call refused on another rank). A call that
+ * given a saved its forward did not fill, or a call refused on another rank). A call that
  * raised one left its outputs untouched. Synchronises: for tests and debugging, not the training
  * loop. */
 mok_status mok_check(mok_workspace *ws, void *stream);
 
 /* Copies the per-expert routed row counts of the schedule in `saved` to counts[E_local] on the
- * host. Synchronises. */
+ * host. Synchronises. A saved of another workspace or token count is refused with
+ * MOK_ERR_INVALID_ARG, and that of a call that failed with that call's error; counts untouched. */
 mok_status mok_schedule_counts(mok_workspace *ws, const void *saved, int64_t tokens,
                                int32_t *counts, void *stream);
 

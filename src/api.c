@@ -230,6 +230,36 @@ static mok_status check_weights(const mok_workspace *ws, const mok_weights *w) {
   return check_bf16_weights(ws, w);
 }
 
+/* One tensor of a call: where, how many bytes, its name. */
+typedef struct span {
+  const void *p;
+  int64_t bytes;
+  const char *name;
+} span;
+
+/* No tensor may share a byte with saved: forward would write saved over its inputs, and outputs
+ * written over saved would change what backward reads. (NULL tensors, absent ones, pass.) */
+static mok_status check_apart(const mok_workspace *ws, int64_t tokens, const void *saved,
+                              const span *t, int n) {
+  const uintptr_t s0 = (uintptr_t)saved, s1 = s0 + mok_saved_layout_of(ws, tokens).bytes;
+  for (int i = 0; i < n; i++) {
+    const uintptr_t p0 = (uintptr_t)t[i].p, p1 = p0 + (uintptr_t)t[i].bytes;
+    CHECK_ARG(!t[i].p || t[i].bytes <= 0 || p1 <= s0 || s1 <= p0,
+              "%s [%p, +%lld bytes) overlaps saved [%p, +%zu bytes); expected them apart",
+              t[i].name, t[i].p, (long long)t[i].bytes, saved, (size_t)(s1 - s0));
+  }
+  return MOK_OK;
+}
+
+/* The spans of the weights (or, with bytes = 4, of fp32 gradients): 6 entries at t. */
+static void weight_spans(const mok_workspace *ws, const void *const p[6], int bytes,
+                         const char *const names[6], span *t) {
+  const mok_shape *s = &ws->shape;
+  const int64_t routed = ws->experts_local * s->inter * s->hidden * bytes;
+  const int64_t shared = s->shared_inter * s->hidden * bytes;
+  for (int i = 0; i < 6; i++) t[i] = (span){p[i], i < 3 ? routed : shared, names[i]};
+}
+
 static mok_status check_call(const mok_workspace *ws, const void *args, const char *type) {
   CHECK_ARG(ws != NULL, "ws is NULL; create one with mok_workspace_create");
   CHECK_ARG(args != NULL, "args is NULL; expected a %s", type);
@@ -250,7 +280,17 @@ static mok_status check_forward(const mok_workspace *ws, const mok_forward_args 
   TRY(check_call(ws, a, "mok_forward_args"));
   TRY(check_inputs(ws, a->tokens, a->x, a->topk_ids, a->topk_weights, &a->w));
   if (need_y) CHECK_TENSOR(a->y, "y");
-  return check_saved(a->saved);
+  TRY(check_saved(a->saved));
+  const int64_t T = a->tokens, H = ws->shape.hidden, k = ws->shape.top_k;
+  static const char *const names[6] = {"w.w_gate", "w.w_up", "w.w_down", "w.ws_gate", "w.ws_up",
+                                       "w.ws_down"};
+  const void *const wp[6] = {a->w.w_gate, a->w.w_up, a->w.w_down,
+                             a->w.ws_gate, a->w.ws_up, a->w.ws_down};
+  span t[11] = {{a->x, T * H * 2, "x"}, {a->topk_ids, T * k * 4, "topk_ids"},
+                {a->topk_weights, T * k * 4, "topk_weights"}, {a->y, T * H * 2, "y"},
+                {a->w.fp8, (int64_t)mok_fp8_layout_of(ws).bytes, "w.fp8"}};
+  weight_spans(ws, wp, 2, names, t + 5);
+  return check_apart(ws, T, a->saved, t, 11);
 }
 
 /* A call refused here on one rank of an EP group would leave the others waiting at the call's
@@ -308,7 +348,11 @@ static mok_status check_schedule(const mok_workspace *ws, const mok_forward_args
   TRY(check_tokens(ws, a->tokens));
   CHECK_TENSOR(a->topk_ids, "topk_ids");
   CHECK_TENSOR(a->topk_weights, "topk_weights");
-  return check_saved(a->saved);
+  TRY(check_saved(a->saved));
+  const int64_t slots = a->tokens * ws->shape.top_k;
+  const span t[2] = {{a->topk_ids, slots * 4, "topk_ids"},
+                     {a->topk_weights, slots * 4, "topk_weights"}};
+  return check_apart(ws, a->tokens, a->saved, t, 2);
 }
 
 mok_status mok_schedule(mok_workspace *ws, const mok_forward_args *a, void *stream) {
@@ -345,7 +389,22 @@ static mok_status check_backward(const mok_workspace *ws, const mok_backward_arg
   CHECK_ARG(a->grad_mode == MOK_GRAD_WRITE_BF16 || a->grad_mode == MOK_GRAD_ACCUMULATE_F32,
             "grad_mode is %d; expected MOK_GRAD_WRITE_BF16 or MOK_GRAD_ACCUMULATE_F32",
             (int)a->grad_mode);
-  return MOK_OK;
+  const int64_t T = a->tokens, H = ws->shape.hidden, k = ws->shape.top_k;
+  static const char *const wnames[6] = {"w.w_gate", "w.w_up", "w.w_down", "w.ws_gate", "w.ws_up",
+                                        "w.ws_down"};
+  static const char *const gnames[6] = {"g.dw_gate", "g.dw_up", "g.dw_down", "g.dws_gate",
+                                        "g.dws_up", "g.dws_down"};
+  const void *const wp[6] = {a->w.w_gate, a->w.w_up, a->w.w_down,
+                             a->w.ws_gate, a->w.ws_up, a->w.ws_down};
+  const void *const gp[6] = {a->g.dw_gate, a->g.dw_up, a->g.dw_down,
+                             a->g.dws_gate, a->g.dws_up, a->g.dws_down};
+  span t[19] = {{a->x, T * H * 2, "x"},   {a->topk_ids, T * k * 4, "topk_ids"},
+                {a->topk_weights, T * k * 4, "topk_weights"}, {a->dy, T * H * 2, "dy"},
+                {a->dx, T * H * 2, "dx"}, {a->d_topk_weights, T * k * 4, "d_topk_weights"},
+                {a->w.fp8, (int64_t)mok_fp8_layout_of(ws).bytes, "w.fp8"}};
+  weight_spans(ws, wp, 2, wnames, t + 7);
+  weight_spans(ws, gp, a->grad_mode == MOK_GRAD_ACCUMULATE_F32 ? 4 : 2, gnames, t + 13);
+  return check_apart(ws, T, a->saved, t, 19);
 }
 
 mok_status mok_backward(mok_workspace *ws, const mok_backward_args *a, void *stream) {
@@ -354,11 +413,8 @@ mok_status mok_backward(mok_workspace *ws, const mok_backward_args *a, void *str
   return turn_give(ws, st == MOK_OK ? ws->ctx->ops->backward(ws, a, stream) : st);
 }
 
-mok_status mok_check(mok_workspace *ws, void *stream) {
-  CHECK_ARG(ws != NULL, "ws is NULL; create one with mok_workspace_create");
-  int32_t bits = 0;
-  TRY(ws->ctx->ops->check(ws, stream, &bits));
-  if (bits & MOK_DEVERR_TIMEOUT) mok_group_break(ws->ctx->cfg.group); /* barrier counts differ */
+/* The error of a call whose device-side error bits are `bits` (MOK_OK if none). */
+static mok_status fail_for_bits(const mok_workspace *ws, int32_t bits) {
   if (bits & MOK_DEVERR_EXPERT_ID)
     return mok_fail(MOK_ERR_EXPERT_ID,
                     "a call saw an expert id outside 0..E-1 (E = %d) in topk_ids; its outputs "
@@ -373,15 +429,27 @@ mok_status mok_check(mok_workspace *ws, void *stream) {
                                      "timeout; the group is failed now, create a new one");
   if (bits & MOK_DEVERR_SAVED)
     return mok_fail(MOK_ERR_INVALID_ARG,
-                    "a backward was given a saved that no forward or recompute of its tokens "
-                    "filled (on this rank or another of the EP group); expected the tokens and the "
-                    "saved of one forward; its outputs were left untouched");
+                    "a backward was given a saved that no forward or recompute on this "
+                    "workspace filled for its tokens, topk_ids and topk_weights, or one "
+                    "overwritten since (on this rank or another of the EP group); expected the "
+                    "inputs and the saved of one forward; its outputs were left untouched");
   if (bits & MOK_DEVERR_PEER_ARG)
     return mok_fail(MOK_ERR_INVALID_ARG, "a call was refused on another rank of the EP group for "
                                          "a bad argument; it was left undone on every rank");
+  if (bits) return mok_fail(MOK_ERR_INTERNAL, "unknown device error bits 0x%x", (unsigned)bits);
   return MOK_OK;
 }
 
+mok_status mok_check(mok_workspace *ws, void *stream) {
+  CHECK_ARG(ws != NULL, "ws is NULL; create one with mok_workspace_create");
+  int32_t bits = 0;
+  TRY(ws->ctx->ops->check(ws, stream, &bits));
+  if (bits & MOK_DEVERR_TIMEOUT) mok_group_break(ws->ctx->cfg.group); /* barrier counts differ */
+  return fail_for_bits(ws, bits);
+}
+
+/* Reads saved's header first: the counts are read only from a saved of this workspace and these
+ * tokens, whose schedule did not fail. */
 mok_status mok_schedule_counts(mok_workspace *ws, const void *saved, int64_t tokens,
                                int32_t *counts, void *stream) {
   CHECK_ARG(ws != NULL, "ws is NULL; create one with mok_workspace_create");
@@ -389,6 +457,26 @@ mok_status mok_schedule_counts(mok_workspace *ws, const void *saved, int64_t tok
   TRY(check_saved(saved));
   CHECK_ARG(counts != NULL, "counts is NULL; expected int32[E_local]");
   mok_saved_layout L = mok_saved_layout_of(ws, tokens);
+  int32_t h[MOK_STATUS_WORDS];
+  TRY(ws->ctx->ops->copy_to_host(ws, h, (const char *)saved + L.status, sizeof h, stream));
+  const int why = mok_saved_check(h, mok_saved_ident(ws), tokens);
+  CHECK_ARG(why != MOK_SAVED_FOREIGN,
+            "saved was not filled by a call on this workspace (its header is another layer "
+            "shape's or EP rank's, or none); expected the saved of a call on this workspace; "
+            "counts untouched");
+  CHECK_ARG(why != MOK_SAVED_OTHER_TOKENS,
+            "tokens is %lld but saved was filled by a call of %d tokens; counts untouched",
+            (long long)tokens, (int)h[MOK_STATUS_TOKENS]);
+  if (h[MOK_STATUS_BITS]) {
+    const mok_status st = fail_for_bits(ws, h[MOK_STATUS_BITS]);
+    char msg[512];
+    snprintf(msg, sizeof msg, "%s", mok_last_error());
+    return mok_fail(st, "saved holds a call that failed, which left no schedule (%s); counts "
+                        "untouched", msg);
+  }
+  CHECK_ARG(h[MOK_STATUS_FILLED] >= MOK_FILLED_SCHEDULE,
+            "saved holds no schedule: the call that filled it did not finish (a barrier of the EP "
+            "group failed); counts untouched");
   return ws->ctx->ops->copy_to_host(ws, counts, (const char *)saved + L.counts,
                                     (size_t)ws->experts_local * sizeof(int32_t), stream);
 }

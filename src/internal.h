@@ -49,21 +49,35 @@ enum { MOK_DEVERR_NONE = 0, MOK_DEVERR_EXPERT_ID = 1, MOK_DEVERR_CAPACITY = 2,
                               * its tokens (the CUDA backend's check; the CPU one refuses it
                               * on the host) */ };
 
-/* The four int32 words of a call's status, the first 16 bytes of `saved`. Backward checks TOKENS
- * and FILLED against its own call before it reads anything else of saved: saved's layout depends
- * on the call's tokens, so a backward of other tokens would read the wrong rows (or past the end
- * of a smaller buffer). */
+/* The header of `saved`: its first MOK_STATUS_WORDS int32 words, written by the schedule of the
+ * forward, recompute or schedule that fills it (before it can fail, so a failed call's saved
+ * still says what failed). Backward and mok_schedule_counts check MAGIC, IDENT and TOKENS
+ * against their own call before they read anything else of saved: saved's layout depends on the
+ * workspace and the tokens, so a saved of another workspace or call would be read at the wrong
+ * places (or past the end of a smaller buffer). Backward then checks ROUTING against its own
+ * topk_ids and topk_weights (the saved of another layer of the same shape) and SCHEDULE against
+ * the schedule arrays (saved overwritten since), so that every index it takes from saved is one
+ * the schedule wrote. */
 enum {
-  MOK_STATUS_BITS = 0,   /* device-error bits of the call (MOK_DEVERR_*) */
-  MOK_STATUS_OPEN = 1,   /* CUDA with an EP group: the bits every rank agreed on at the opening
-                          * barrier */
-  MOK_STATUS_TOKENS = 2, /* tokens of the call that filled saved (set by the schedule) */
-  MOK_STATUS_FILLED = 3  /* 1 once forward or recompute wrote the activations; 0 after a
-                          * schedule alone */
+  MOK_STATUS_BITS = 0,     /* device-error bits of the call (MOK_DEVERR_*) */
+  MOK_STATUS_OPEN = 1,     /* CUDA with an EP group: the bits every rank agreed on at the opening
+                            * barrier */
+  MOK_STATUS_TOKENS = 2,   /* tokens of the call that filled saved */
+  MOK_STATUS_FILLED = 3,   /* MOK_FILLED_*: how far the call that filled saved got */
+  MOK_STATUS_MAGIC = 4,    /* MOK_SAVED_MAGIC */
+  MOK_STATUS_IDENT = 5,    /* mok_saved_ident of the workspace that filled saved */
+  MOK_STATUS_ROUTING = 6,  /* mok_routing_sum of the call's topk_ids and topk_weights */
+  MOK_STATUS_SCHEDULE = 7, /* mok_schedule_sum of the schedule arrays as written */
+  MOK_STATUS_WORDS = 8
 };
+#define MOK_SAVED_MAGIC 0x534b4f4d /* "MOKS" */
+/* A call that failed (BITS set) or did not finish (a barrier timed out) stops before the next. */
+enum { MOK_FILLED_NONE = 0, MOK_FILLED_SCHEDULE = 1, MOK_FILLED_ACTIVATIONS = 2 };
 /* The backward's copy of the status (CUDA) has no use for TOKENS: its word 2 says whether the
- * workspace's routed x rows are already this call's (saved_open, rows.cu). */
-enum { MOK_BSTATUS_X_ROWS = 2 };
+ * workspace's routed x rows are already this call's (saved_open, rows.cu); words 4..6 are
+ * saved_open's sums and count of finished blocks, zero between calls. */
+enum { MOK_BSTATUS_X_ROWS = 2, MOK_BSTATUS_ROUTING = 4, MOK_BSTATUS_SCHEDULE = 5,
+       MOK_BSTATUS_DONE = 6, MOK_BSTATUS_WORDS = 8 };
 
 #ifdef __CUDACC__
 #define MOK_HOST_DEVICE __host__ __device__
@@ -71,13 +85,40 @@ enum { MOK_BSTATUS_X_ROWS = 2 };
 #define MOK_HOST_DEVICE
 #endif
 
-/* Whether a backward of `tokens` tokens may read the saved whose status words these are: the rule
- * of both backends (the CPU's host check, the CUDA backward's first kernel). A forward that
- * failed passes: its error bits stand for it. */
-enum { MOK_SAVED_OK, MOK_SAVED_OTHER_TOKENS, MOK_SAVED_SCHEDULE_ONLY };
-MOK_HOST_DEVICE static inline int mok_saved_check(const int32_t *status, int64_t tokens) {
+/* Order-free checksums: a sum (mod 2^32) of one term per element, so that threads may add their
+ * terms in any order and every backend gets the same sum. A term mixes the array, the index and
+ * the value through murmur3's finaliser, a bijection: changing any one value always changes the
+ * sum. */
+enum { MOK_SUM_IDS, MOK_SUM_WEIGHTS, MOK_SUM_COUNTS, MOK_SUM_OFFSETS, MOK_SUM_ROW_SRC,
+       MOK_SUM_ROW_WEIGHT, MOK_SUM_SLOT_ROW, MOK_SUM_MBLOCK };
+MOK_HOST_DEVICE static inline uint32_t mok_mix32(uint32_t h) {
+  h ^= h >> 16;
+  h *= 0x85ebca6bu;
+  h ^= h >> 13;
+  h *= 0xc2b2ae35u;
+  h ^= h >> 16;
+  return h;
+}
+MOK_HOST_DEVICE static inline uint32_t mok_sum_term(uint32_t array, int64_t index, uint32_t v) {
+  return mok_mix32(mok_mix32((uint32_t)index ^ (array << 28)) ^ v);
+}
+MOK_HOST_DEVICE static inline uint32_t mok_sum_term_f(uint32_t array, int64_t index, float v) {
+  union { float f; uint32_t u; } b;
+  b.f = v;
+  return mok_sum_term(array, index, b.u);
+}
+
+/* Whether a backward of `tokens` tokens on a workspace of identity `ident` may read the saved
+ * whose header this is (both backends: the CPU's host check, the CUDA backward's first
+ * kernel). A forward that failed passes: its error bits stand for it. The routing and schedule
+ * sums are checked after this, and only when it passes. */
+enum { MOK_SAVED_OK, MOK_SAVED_FOREIGN, MOK_SAVED_OTHER_TOKENS, MOK_SAVED_SCHEDULE_ONLY };
+MOK_HOST_DEVICE static inline int mok_saved_check(const int32_t *status, uint32_t ident,
+                                                  int64_t tokens) {
+  if (status[MOK_STATUS_MAGIC] != MOK_SAVED_MAGIC || (uint32_t)status[MOK_STATUS_IDENT] != ident)
+    return MOK_SAVED_FOREIGN;
   if (status[MOK_STATUS_TOKENS] != tokens) return MOK_SAVED_OTHER_TOKENS;
-  if (status[MOK_STATUS_BITS] == 0 && status[MOK_STATUS_FILLED] != 1)
+  if (status[MOK_STATUS_BITS] == 0 && status[MOK_STATUS_FILLED] != MOK_FILLED_ACTIVATIONS)
     return MOK_SAVED_SCHEDULE_ONLY;
   return MOK_SAVED_OK;
 }
@@ -87,7 +128,7 @@ MOK_HOST_DEVICE static inline int mok_saved_check(const int32_t *status, int64_t
 typedef struct mok_saved_layout {
   int64_t tokens;        /* T */
   int64_t rows_cap;      /* most routed rows incl. padding: multiple of MOK_TILE_M */
-  size_t status;         /* int32[4]: [0] device error bits of this call */
+  size_t status;         /* int32[MOK_STATUS_WORDS]: the header (MOK_STATUS_*) */
   size_t tag;            /* u64, CUDA: the number of the forward that filled saved (unique in
                           * the process), against which a backward knows the routed x rows the
                           * workspace still holds (rows.cu) */
@@ -210,6 +251,14 @@ struct mok_workspace {
 mok_saved_layout mok_saved_layout_of(const mok_workspace *ws, int64_t tokens);
 /* The one place that lays out a workspace's FP8 weight buffer (bytes = 0 unless MOK_FP8). */
 mok_fp8_layout mok_fp8_layout_of(const mok_workspace *ws);
+/* What saved's layout depends on besides the tokens, hashed: the shape (but max_tokens at ep = 1,
+ * where the layout does not depend on it: a workspace grown for more tokens reads the saved of a
+ * smaller one), the rank and the EP size. */
+uint32_t mok_saved_ident(const mok_workspace *ws);
+/* The sums of saved's header (host side; the CUDA schedule and saved_open add the same terms):
+ * of a call's own topk_ids and topk_weights, and of the schedule arrays in saved. */
+uint32_t mok_routing_sum(const int32_t *ids, const float *weights, int64_t slots);
+uint32_t mok_schedule_sum(const mok_workspace *ws, const void *saved, int64_t tokens);
 
 /* Backend function table. Arguments have been checked by api.c when these are called. */
 typedef struct mok_backend_ops {

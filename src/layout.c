@@ -26,7 +26,7 @@ mok_saved_layout mok_saved_layout_of(const mok_workspace *ws, int64_t tokens) {
   size_t c = 0;
   L.tokens = tokens;
   L.rows_cap = rows_capacity(ws, tokens);
-  L.status = mok_take(&c, 4 * sizeof(int32_t));
+  L.status = mok_take(&c, MOK_STATUS_WORDS * sizeof(int32_t));
   L.tag = mok_take(&c, sizeof(uint64_t));
   L.counts = mok_take(&c, ws->experts_local * (int64_t)sizeof(int32_t));
   L.offsets = mok_take(&c, (ws->experts_local + 1) * (int64_t)sizeof(int32_t));
@@ -77,4 +77,46 @@ mok_router_layout mok_router_layout_of(const mok_router *r, int64_t tokens) {
   L.logits = mok_take(&at, tokens * c->experts * (int64_t)sizeof(float));
   L.bytes = at;
   return L;
+}
+
+uint32_t mok_saved_ident(const mok_workspace *ws) {
+  const mok_shape *s = &ws->shape;
+  const int ep = ws->ctx->cfg.ep_size;
+  const int64_t v[] = {ep == 1 ? 0 : s->max_tokens, s->hidden, s->inter, s->shared_inter,
+                       s->experts, s->top_k, s->precision, s->routed_rows, ep,
+                       ws->ctx->cfg.ep_rank};
+  uint32_t h = 0;
+  for (size_t i = 0; i < sizeof v / sizeof v[0]; i++)
+    h = mok_mix32(h ^ mok_mix32((uint32_t)v[i]) ^ (uint32_t)(v[i] >> 32) * 0x9e3779b9u);
+  return h;
+}
+
+uint32_t mok_routing_sum(const int32_t *ids, const float *weights, int64_t slots) {
+  uint32_t sum = 0;
+  for (int64_t q = 0; q < slots; q++)
+    sum += mok_sum_term(MOK_SUM_IDS, q, (uint32_t)ids[q]) +
+           mok_sum_term_f(MOK_SUM_WEIGHTS, q, weights[q]);
+  return sum;
+}
+
+/* Adds the terms of n int32 values. */
+static uint32_t sum_i32(uint32_t array, const char *at, int64_t n) {
+  const int32_t *p = (const int32_t *)at;
+  uint32_t sum = 0;
+  for (int64_t i = 0; i < n; i++) sum += mok_sum_term(array, i, (uint32_t)p[i]);
+  return sum;
+}
+
+uint32_t mok_schedule_sum(const mok_workspace *ws, const void *saved, int64_t tokens) {
+  const mok_saved_layout L = mok_saved_layout_of(ws, tokens);
+  const char *b = (const char *)saved;
+  const int64_t E = ws->experts_local;
+  const float *rw = (const float *)(b + L.row_weight);
+  uint32_t sum = sum_i32(MOK_SUM_COUNTS, b + L.counts, E) +
+                 sum_i32(MOK_SUM_OFFSETS, b + L.offsets, E + 1) +
+                 sum_i32(MOK_SUM_ROW_SRC, b + L.row_src, L.rows_cap) +
+                 sum_i32(MOK_SUM_SLOT_ROW, b + L.slot_row, tokens * ws->shape.top_k) +
+                 sum_i32(MOK_SUM_MBLOCK, b + L.mblock_expert, L.rows_cap / MOK_TILE_M);
+  for (int64_t r = 0; r < L.rows_cap; r++) sum += mok_sum_term_f(MOK_SUM_ROW_WEIGHT, r, rw[r]);
+  return sum;
 }

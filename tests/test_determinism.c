@@ -63,7 +63,7 @@ static void same_saved(const harness *h, const void *a, const void *b, const cha
     const char *name;
     size_t at;
     int64_t bytes;
-  } f[] = {{"status", L.status, 16},
+  } f[] = {{"header", L.status, MOK_STATUS_WORDS * 4},
            {"counts", L.counts, E * 4},
            {"offsets", L.offsets, (E + 1) * 4},
            {"row_src", L.row_src, L.rows_cap * 4},

@@ -5,6 +5,7 @@
  * range fails the call with MOK_ERR_EXPERT_ID naming the token, slot and id, leaves the outputs
  * untouched, is reported (once) by mok_check, and makes backward refuse the `saved` it left.
  */
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -341,8 +342,191 @@ static void saved_of_another_call(void) {
   harness_fini(&h);
 }
 
+/* ---- foreign and corrupted saved ----------------------------------------------------------- */
+/* A saved buffer of another workspace or layer, garbage, or a saved overwritten since its
+ * forward: backward and mok_schedule_counts refuse it with MOK_ERR_INVALID_ARG, reading nothing
+ * past its header that the header does not vouch for, and leave every output and saved itself
+ * as they were. */
+
+typedef struct mutation {
+  const char *name;
+  size_t at;        /* byte offset in saved (from mok_saved_layout_of); SIZE_MAX: every byte */
+  int32_t value;    /* the int32 written there; at SIZE_MAX, 0: zeros, else xorshift garbage */
+  int add;          /* add value to the int32 there instead */
+  const char *word; /* what the message must say */
+} mutation;
+
+static void corrupt(void *saved, size_t bytes, const mutation *m) {
+  unsigned char *b = saved;
+  uint64_t z = 0x9e3779b97f4a7c15ull;
+  int32_t v;
+  if (m->at != SIZE_MAX) {
+    memcpy(&v, b + m->at, sizeof v);
+    v = m->add ? v + m->value : m->value;
+    memcpy(b + m->at, &v, sizeof v);
+    return;
+  }
+  for (size_t i = 0; i < bytes; i++) {
+    z ^= z << 13, z ^= z >> 7, z ^= z << 17;
+    b[i] = m->value ? (unsigned char)z : 0;
+  }
+}
+
+static void foreign_or_corrupted_saved(void) {
+  const mok_shape s = {16, 32, 16, 8, 4, 2, MOK_BF16, 0};
+  const mok_shape wider = {16, 64, 16, 8, 4, 2, MOK_BF16, 0};
+  harness a, b, c;
+  const int ok = harness_init(&a, &s, 16, 51, 0) && harness_init(&b, &s, 16, 52, 0) &&
+                 harness_init(&c, &wider, 16, 53, 0);
+  void *pristine = ok ? malloc(a.saved_bytes) : NULL, *mutated = ok ? malloc(a.saved_bytes) : NULL;
+  if (ok && pristine && mutated) {
+    mok_forward_args fa = harness_forward_args(&a), fb = harness_forward_args(&b),
+                     fc = harness_forward_args(&c);
+    CHECK_OK(mok_forward(a.ws, &fa, NULL));
+    CHECK_OK(mok_forward(b.ws, &fb, NULL));
+    CHECK_OK(mok_forward(c.ws, &fc, NULL));
+    memcpy(pristine, a.saved, a.saved_bytes);
+    const mok_saved_layout L = mok_saved_layout_of(a.ws, a.T);
+    const mutation ms[] = {
+        {"garbage", SIZE_MAX, 1, 0, "not filled by a call on this workspace"},
+        {"zeros", SIZE_MAX, 0, 0, "not filled by a call on this workspace"},
+        {"counts[0] + 1", L.counts, 1, 1, "overwritten"},
+        {"offsets[1] huge", L.offsets + 4, 1 << 30, 0, "overwritten"},
+        {"row_src[0] huge", L.row_src, 1 << 30, 0, "overwritten"},
+        {"row_weight[0] + 1 ulp", L.row_weight, 1, 1, "overwritten"},
+        {"slot_row[3] negative", L.slot_row + 12, -7, 0, "overwritten"},
+        {"mblock_expert[0]", L.mblock_expert, 99, 0, "overwritten"},
+    };
+    for (size_t i = 0; i < sizeof ms / sizeof ms[0]; i++) {
+      memcpy(a.saved, pristine, a.saved_bytes);
+      corrupt(a.saved, a.saved_bytes, &ms[i]);
+      memcpy(mutated, a.saved, a.saved_bytes);
+      poison_outputs(&a);
+      mok_backward_args bw = harness_backward_args(&a, MOK_GRAD_WRITE_BF16);
+      mok_status st = mok_backward(a.ws, &bw, NULL);
+      CHECK(st == MOK_ERR_INVALID_ARG && strstr(mok_last_error(), ms[i].word),
+            "backward on a saved with %s: %s (%s), expected MOK_ERR_INVALID_ARG saying '%s'",
+            ms[i].name, mok_status_name(st), mok_last_error(), ms[i].word);
+      const char *t = touched_output(&a, POISON, 0);
+      CHECK(t == NULL, "backward on a saved with %s wrote %s", ms[i].name, t);
+      CHECK(memcmp(a.saved, mutated, a.saved_bytes) == 0, "backward on %s wrote saved",
+            ms[i].name);
+    }
+    /* Saved of another layer of the same shape (other inputs), and of a wider layer. */
+    const struct {
+      const harness *from;
+      const char *word;
+    } others[] = {{&b, "other topk_ids"}, {&c, "not filled by a call on this workspace"}};
+    for (int i = 0; i < 2; i++) {
+      memcpy(a.saved, pristine, a.saved_bytes);
+      poison_outputs(&a);
+      mok_backward_args bw = harness_backward_args(&a, MOK_GRAD_WRITE_BF16);
+      bw.saved = others[i].from->saved;
+      mok_status st = mok_backward(a.ws, &bw, NULL);
+      CHECK(st == MOK_ERR_INVALID_ARG && strstr(mok_last_error(), others[i].word),
+            "backward on another layer's saved (%d): %s (%s)", i, mok_status_name(st),
+            mok_last_error());
+      const char *t = touched_output(&a, POISON, 0);
+      CHECK(t == NULL, "backward on another layer's saved (%d) wrote %s", i, t);
+      int32_t counts[4];
+      memset(counts, POISON, sizeof counts);
+      st = mok_schedule_counts(a.ws, others[i].from->saved, a.T, counts, NULL);
+      CHECK(i == 0 ? st == MOK_OK : st == MOK_ERR_INVALID_ARG,
+            "schedule_counts on another layer's saved (%d): %s", i, mok_status_name(st));
+      if (i == 1) CHECK(all_bytes(counts, sizeof counts, POISON), "counts written");
+    }
+    /* Garbage to mok_schedule_counts. */
+    memset(a.saved, POISON, a.saved_bytes);
+    int32_t counts[4];
+    memset(counts, POISON, sizeof counts);
+    mok_status st = mok_schedule_counts(a.ws, a.saved, a.T, counts, NULL);
+    CHECK(st == MOK_ERR_INVALID_ARG, "schedule_counts on garbage: %s", mok_status_name(st));
+    CHECK(all_bytes(counts, sizeof counts, POISON), "schedule_counts on garbage wrote counts");
+    /* The pristine saved still serves its backward. */
+    memcpy(a.saved, pristine, a.saved_bytes);
+    mok_backward_args bw = harness_backward_args(&a, MOK_GRAD_WRITE_BF16);
+    CHECK_OK(mok_backward(a.ws, &bw, NULL));
+  }
+  free(pristine);
+  free(mutated);
+  harness_fini(&a);
+  harness_fini(&b);
+  harness_fini(&c);
+}
+
+/* A tensor placed inside saved would be written over saved (y, dx, ...) or by it (x): refused
+ * before anything is written. */
+static void tensors_inside_saved(void) {
+  const mok_shape s = {16, 32, 16, 8, 4, 2, MOK_BF16, 0};
+  harness h;
+  if (harness_init(&h, &s, 16, 54, 0)) {
+    const mok_saved_layout L = mok_saved_layout_of(h.ws, h.T);
+    char *in = (char *)h.saved + L.gu;
+    for (int op = OP_FORWARD; op <= OP_BACKWARD; op++) {
+      call c = {h.ws, harness_forward_args(&h), harness_backward_args(&h, MOK_GRAD_WRITE_BF16)};
+      if (op == OP_FORWARD) c.f.y = in;
+      if (op == OP_RECOMPUTE) c.f.x = in;
+      if (op == OP_SCHEDULE) c.f.topk_weights = (const float *)((char *)h.saved + L.tag);
+      if (op == OP_BACKWARD) {
+        mok_forward_args f = harness_forward_args(&h);
+        CHECK_OK(mok_forward(h.ws, &f, NULL));
+        c.b.dx = in;
+      }
+      if (op == OP_BACKWARD) poison_outputs(&h);
+      else harness_poison(&h, POISON);
+      void *keep = malloc(h.saved_bytes);
+      if (!keep) break;
+      memcpy(keep, h.saved, h.saved_bytes);
+      mok_status st = run_op(op, &c);
+      CHECK(st == MOK_ERR_INVALID_ARG && strstr(mok_last_error(), "overlaps saved"),
+            "op %d with a tensor inside saved: %s (%s)", op, mok_status_name(st),
+            mok_last_error());
+      CHECK(memcmp(keep, h.saved, h.saved_bytes) == 0, "op %d wrote saved", op);
+      const char *t = touched_output(&h, POISON, 0);
+      CHECK(t == NULL, "op %d with a tensor inside saved wrote %s", op, t);
+      free(keep);
+    }
+  }
+  harness_fini(&h);
+}
+
+/* A call that fails (a bad id, over the capacity) writes its header and nothing else of saved;
+ * mok_schedule_counts then refuses that saved with the call's error. */
+static void failed_call_writes_only_the_header(void) {
+  const mok_shape s = {16, 32, 16, 8, 4, 2, MOK_BF16, 128}; /* one expert's tile of rows */
+  harness h;
+  if (harness_init(&h, &s, 16, 55, 0)) {
+    const mok_saved_layout L = mok_saved_layout_of(h.ws, h.T);
+    for (int bad_id = 0; bad_id < 2; bad_id++) {
+      for (int q = 0; q < 32; q++) h.L.topk_ids[q] = q % 4; /* four experts: 512 rows > 128 */
+      if (bad_id) h.L.topk_ids[5] = 9;
+      const mok_status want = bad_id ? MOK_ERR_EXPERT_ID : MOK_ERR_CAPACITY;
+      for (int op = OP_FORWARD; op <= OP_SCHEDULE; op++) {
+        call c = {h.ws, harness_forward_args(&h), harness_backward_args(&h, MOK_GRAD_WRITE_BF16)};
+        harness_poison(&h, POISON);
+        mok_status st = run_op(op, &c);
+        CHECK(st == want, "op %d: %s, expected %s", op, mok_status_name(st),
+              mok_status_name(want));
+        CHECK(all_bytes((char *)h.saved + L.tag, h.saved_bytes - L.tag, POISON),
+              "op %d failing with %s wrote saved past its header", op, mok_status_name(want));
+        int32_t counts[4];
+        memset(counts, POISON, sizeof counts);
+        st = mok_schedule_counts(h.ws, h.saved, h.T, counts, NULL);
+        CHECK(st == want, "schedule_counts on the saved of a call that failed with %s: %s (%s)",
+              mok_status_name(want), mok_status_name(st), mok_last_error());
+        CHECK(all_bytes(counts, sizeof counts, POISON), "schedule_counts wrote counts");
+        (void)mok_check(h.ws, NULL);
+      }
+    }
+  }
+  harness_fini(&h);
+}
+
 const test_case tests_errors[] = {
     {"cpu/errors_bad_arguments", bad_arguments},
     {"cpu/errors_bad_expert_id", bad_expert_id},
     {"cpu/errors_saved_of_another_call", saved_of_another_call},
+    {"cpu/errors_foreign_or_corrupted_saved", foreign_or_corrupted_saved},
+    {"cpu/errors_tensors_inside_saved", tensors_inside_saved},
+    {"cpu/errors_failed_call_writes_only_the_header", failed_call_writes_only_the_header},
     {NULL, NULL}};

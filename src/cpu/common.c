@@ -12,6 +12,7 @@ cpu_saved cpu_saved_view(const mok_workspace *ws, const void *saved, int64_t tok
   mok_saved_layout L = mok_saved_layout_of(ws, tokens);
   char *b = (char *)saved;
   cpu_saved v;
+  v.base = b;
   v.rows_cap = L.rows_cap;
   v.status = (int32_t *)(b + L.status);
   v.counts = (int32_t *)(b + L.counts);

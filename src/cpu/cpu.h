@@ -49,8 +49,9 @@ typedef struct cpu_state {
 /* The `saved` buffer of one call, as typed pointers. Backward reads it through the same view
  * (the const of mok_backward_args.saved is dropped here; backward never writes through it). */
 typedef struct cpu_saved {
+  void *base;             /* saved itself */
   int64_t rows_cap;
-  int32_t *status;        /* [4]: MOK_STATUS_* (internal.h) */
+  int32_t *status;        /* [MOK_STATUS_WORDS]: the header, MOK_STATUS_* (internal.h) */
   int32_t *counts;        /* [E_local] */
   int32_t *offsets;       /* [E_local + 1] */
   int32_t *row_src;       /* [rows_cap] rank * max_tokens * k + slot t*k + j, -1 on padding */

@@ -46,7 +46,7 @@ mok_status cpu_layer_forward(mok_workspace *ws, const mok_forward_args *a, int c
   cpu_dispatch(ws, &sv, 0);
   cpu_expert_forward(ws, &a->w, &sv, compute_y);
   cpu_shared_forward(ws, &a->w, &sv, a->x, T, compute_y);
-  sv.status[MOK_STATUS_FILLED] = 1;
+  sv.status[MOK_STATUS_FILLED] = MOK_FILLED_ACTIVATIONS;
   s = close_direction(ws);
   if (s != MOK_OK) return s;
   if (compute_y) cpu_combine(ws, T, ws->shape.shared_inter > 0, a->y);
@@ -67,24 +67,45 @@ static mok_status refuse_failed_forward(mok_workspace *ws, int32_t own, int32_t 
                   mok_status_string(s));
 }
 
-/* Saved was filled for a backward of `tokens` tokens (mok_saved_check), or the error saying it
- * was not. */
-static mok_status check_saved_filled(const cpu_saved *sv, int64_t tokens) {
-  switch (mok_saved_check(sv->status, tokens)) {
+/* Saved was filled for this backward (mok_saved_check, then the routing and schedule sums), or
+ * the error saying how it was not. Reads nothing past the header unless the header is this
+ * workspace's for these tokens. */
+static mok_status check_saved_filled(mok_workspace *ws, const cpu_saved *sv,
+                                     const mok_backward_args *a) {
+  const int32_t *h = sv->status;
+  switch (mok_saved_check(h, mok_saved_ident(ws), a->tokens)) {
+  case MOK_SAVED_FOREIGN:
+    return mok_fail(MOK_ERR_INVALID_ARG,
+                    "saved was not filled by a call on this workspace (its header is another "
+                    "layer shape's or EP rank's, or none: never filled, or overwritten); expected "
+                    "the saved of a forward or recompute on this workspace; outputs untouched");
   case MOK_SAVED_OTHER_TOKENS:
     return mok_fail(MOK_ERR_INVALID_ARG,
                     "backward has tokens = %lld but saved was filled by a call of %d tokens (or "
                     "not by mok_forward or mok_recompute); expected the tokens and the saved of "
                     "one forward; outputs untouched",
-                    (long long)tokens, (int)sv->status[MOK_STATUS_TOKENS]);
+                    (long long)a->tokens, (int)h[MOK_STATUS_TOKENS]);
   case MOK_SAVED_SCHEDULE_ONLY:
     return mok_fail(MOK_ERR_INVALID_ARG,
-                    "saved holds only a schedule (mok_schedule), not the activations backward "
-                    "reads; expected saved filled by mok_forward or mok_recompute; outputs "
+                    "saved holds no activations: only a schedule (mok_schedule), or a call that "
+                    "did not finish (it failed on another rank, or the ranks made different "
+                    "calls); expected saved filled by mok_forward or mok_recompute; outputs "
                     "untouched");
   default:
-    return MOK_OK;
+    break;
   }
+  if (h[MOK_STATUS_BITS]) return MOK_OK; /* a failed forward: its bits stand for it */
+  const int64_t slots = a->tokens * ws->shape.top_k;
+  if ((uint32_t)h[MOK_STATUS_ROUTING] != mok_routing_sum(a->topk_ids, a->topk_weights, slots))
+    return mok_fail(MOK_ERR_INVALID_ARG,
+                    "saved was filled with other topk_ids or topk_weights than this backward's "
+                    "(the saved of another layer of this shape?); expected the forward's inputs "
+                    "and its saved; outputs untouched");
+  if ((uint32_t)h[MOK_STATUS_SCHEDULE] != mok_schedule_sum(ws, sv->base, a->tokens))
+    return mok_fail(MOK_ERR_INVALID_ARG,
+                    "saved's schedule was overwritten since its forward filled it (its checksum "
+                    "differs); expected saved as the forward left it; outputs untouched");
+  return MOK_OK;
 }
 
 mok_status cpu_layer_backward(mok_workspace *ws, const mok_backward_args *a, void *stream) {
@@ -96,9 +117,9 @@ mok_status cpu_layer_backward(mok_workspace *ws, const mok_backward_args *a, voi
   cpu_saved sv = cpu_saved_view(ws, a->saved, T);
   /* A mismatched saved is refused like a bad argument: every rank of the group fails the call.
    * Its message stands: the barrier records one only when it fails. */
-  const mok_status arg = check_saved_filled(&sv, T);
+  const mok_status arg = check_saved_filled(ws, &sv, a);
   publish(ws, T, a->x, a->dy);
-  int32_t bits = sv.status[MOK_STATUS_BITS] | (arg != MOK_OK ? MOK_DEVERR_PEER_ARG : 0);
+  int32_t bits = arg != MOK_OK ? MOK_DEVERR_PEER_ARG : sv.status[MOK_STATUS_BITS];
   mok_status s = cpu_barrier(ws, &bits);
   if (s != MOK_OK) return s;
   if (arg != MOK_OK) return arg;

@@ -58,27 +58,29 @@ mok_status cpu_schedule_build(mok_workspace *ws, const int32_t *ids, const float
                               int64_t tokens, const cpu_saved *sv) {
   const int64_t k = ws->shape.top_k, El = ws->experts_local, base = ws->expert_base;
   const int64_t ranks = ws->ctx->cfg.ep_size, slots_cap = ws->shape.max_tokens * k;
-  for (int i = 0; i < 4; i++) sv->status[i] = 0;
+  for (int i = 0; i < MOK_STATUS_WORDS; i++) sv->status[i] = 0;
   sv->status[MOK_STATUS_TOKENS] = (int32_t)tokens; /* tokens <= max_tokens <= 2^20 (api.c) */
+  sv->status[MOK_STATUS_MAGIC] = MOK_SAVED_MAGIC;
+  sv->status[MOK_STATUS_IDENT] = (int32_t)mok_saved_ident(ws);
   mok_status s = publish_and_check(ws, ids, weights, tokens, sv);
   if (s != MOK_OK) return s;
 
-  /* Counts, then padded offsets. Ids of other ranks' experts are not routed here. */
-  int32_t *counts = sv->counts, *offsets = sv->offsets;
-  for (int64_t e = 0; e < El; e++) counts[e] = 0;
+  /* Counts (in the cursors until the capacity is known: a call over it writes nothing but the
+   * header), then padded offsets. Ids of other ranks' experts are not routed here. */
+  int32_t *cursor = cpu_state_of(ws)->cursor;
+  for (int64_t e = 0; e < El; e++) cursor[e] = 0;
   for (int64_t src = 0; src < ranks; src++) {
     const cpu_state *p = cpu_peer(ws, src);
     for (int64_t q = 0; q < p->sym_tokens * k; q++) {
       int64_t e = p->sym_ids[q] - base;
-      if (e >= 0 && e < El) counts[e]++;
+      if (e >= 0 && e < El) cursor[e]++;
     }
   }
-  int64_t rows = 0;
-  for (int64_t e = 0; e < El; e++) rows += counts[e];
-  offsets[0] = 0;
-  for (int64_t e = 0; e < El; e++)
-    offsets[e + 1] = offsets[e] + (int32_t)mok_round_up(counts[e], MOK_TILE_M);
-  const int64_t total = offsets[El];
+  int64_t rows = 0, total = 0;
+  for (int64_t e = 0; e < El; e++) {
+    rows += cursor[e];
+    total += mok_round_up(cursor[e], MOK_TILE_M);
+  }
   int32_t bits = total > sv->rows_cap ? MOK_DEVERR_CAPACITY : 0;
   s = cpu_barrier(ws, &bits);
   if (s != MOK_OK) return s;
@@ -92,9 +94,14 @@ mok_status cpu_schedule_build(mok_workspace *ws, const int32_t *ids, const float
     return mok_fail(MOK_ERR_CAPACITY, "another rank of the EP group received more routed rows "
                                       "than its workspace holds; outputs untouched");
   }
+  int32_t *counts = sv->counts, *offsets = sv->offsets;
+  offsets[0] = 0;
+  for (int64_t e = 0; e < El; e++) {
+    counts[e] = cursor[e];
+    offsets[e + 1] = offsets[e] + (int32_t)mok_round_up(counts[e], MOK_TILE_M);
+  }
 
   /* Rows in canonical order: source ranks ascending, each one's slots in ascending t*k + j. */
-  int32_t *cursor = cpu_state_of(ws)->cursor;
   const int64_t me = ws->ctx->cfg.ep_rank;
   for (int64_t e = 0; e < El; e++) cursor[e] = offsets[e];
   for (int64_t q = 0; q < tokens * k; q++) sv->slot_row[q] = -1;
@@ -125,5 +132,8 @@ mok_status cpu_schedule_build(mok_workspace *ws, const int32_t *ids, const float
       sv->mblock_expert[b] = (int32_t)e;
   for (int64_t b = total / MOK_TILE_M; b < sv->rows_cap / MOK_TILE_M; b++)
     sv->mblock_expert[b] = -1;
+  sv->status[MOK_STATUS_ROUTING] = (int32_t)mok_routing_sum(ids, weights, tokens * k);
+  sv->status[MOK_STATUS_SCHEDULE] = (int32_t)mok_schedule_sum(ws, sv->base, tokens);
+  sv->status[MOK_STATUS_FILLED] = MOK_FILLED_SCHEDULE;
   return MOK_OK;
 }

@@ -51,8 +51,8 @@ mok_status check_device(const void *p, const char *name);
 /* ---- workspace scratch ----------------------------------------------------------------------- */
 typedef struct scratch_layout {
   size_t sticky;        /* int32: error bits until mok_check */
-  size_t bstatus;       /* int32 [4]: backward's status, the forward's as checked by saved_open
-                         * (the group's barrier adds to it without touching saved) */
+  size_t bstatus;       /* int32 [MOK_BSTATUS_WORDS]: backward's status, the forward's as checked
+                         * by saved_open (the group's barrier adds to it without touching saved) */
   size_t rstatus;       /* int32 [4]: the error word of a call refused on the host */
   size_t table;         /* ep_table: every rank's symmetric buffers */
   size_t flags;         /* u64 [2][EP_MAX]: barrier words the ranks write here (ep.cu) */

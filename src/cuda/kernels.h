@@ -179,7 +179,8 @@ typedef struct sched_args {
   int experts_local;           /* E_local */
   int expert_base;             /* first global id of this rank */
   int rows_cap;                /* rows of the routed buffers */
-  int32_t *status;             /* saved: this call's error word (zeroed by the caller) */
+  int32_t *status;             /* saved: this call's header (zeroed by the caller) */
+  uint32_t ident;              /* mok_saved_ident of the workspace, for the header */
   int32_t *sticky;             /* workspace: error bits until mok_check */
   int32_t *counts, *offsets, *row_src, *mblock_expert; /* saved */
   float *row_weight;           /* saved */
@@ -196,8 +197,8 @@ cudaError_t schedule_launch(const sched_args *a, int max_ctas, cudaStream_t stre
  * on padding), for one or two tensors. This rank's T tokens are read once each and written to
  * their slots' rows (slot_row); rows of other ranks (of `ranks`) come from their published x
  * (dy) in `peers`. `filled` (the forward's and recompute's): saved's MOK_STATUS_FILLED word, set
- * to 1 when the call had no error before dispatch (a later launch failure is returned to the
- * caller). */
+ * to MOK_FILLED_ACTIVATIONS when the call had no error before dispatch (a later launch failure
+ * is returned to the caller). */
 typedef struct dispatch_args {
   const int32_t *status, *offsets, *row_src, *slot_row; /* offsets[experts_local]: rows */
   int experts_local, T, k, H, rows_cap, rank, slots_cap;
@@ -215,15 +216,23 @@ typedef struct dispatch_args {
   const int32_t *x_rows; /* backward: the status word MOK_BSTATUS_X_ROWS; forward: NULL */
 } dispatch_args;
 cudaError_t dispatch_launch(const dispatch_args *a, cudaStream_t stream);
-/* The backward's error bits <- saved's, plus MOK_DEVERR_SAVED unless a forward or recompute of
- * `tokens` tokens filled saved; the barrier's word cleared. One thread; the backward's first
- * kernel. With xr_tag (ep = 1, no shared expert; else NULL): xr_tag[0] is the number of the
- * forward whose x rows the workspace holds (0: unknown), [1] the x they came from, [2] the last
- * number given (counting from a base of its own per workspace, so no two forwards of a process
- * share one). status[MOK_BSTATUS_X_ROWS] <- 1 if they are saved's forward's and x is theirs. */
-cudaError_t saved_open_launch(const int32_t *saved_status, int32_t *status, int tokens,
-                              const uint64_t *saved_tag, uint64_t *xr_tag, const void *x,
-                              cudaStream_t stream);
+/* The backward's first kernel: its error bits (status[MOK_STATUS_BITS], the backward's own
+ * status words) <- saved's, or MOK_DEVERR_SAVED where saved is not this workspace's (its header's
+ * MAGIC and IDENT, `ident`), not of S->tokens tokens, holds no activations, or was filled with
+ * other topk_ids or topk_weights (its ROUTING sum against this call's) or overwritten since (its
+ * SCHEDULE sum against the schedule arrays, read only once the header passes); the barrier's word
+ * cleared. Blocks add their sums into status words MOK_BSTATUS_ROUTING and _SCHEDULE, and the
+ * last block to finish (MOK_BSTATUS_DONE counts them) compares and zeroes them. At most
+ * max_blocks blocks. With xr_tag (ep = 1, no shared expert; else NULL): xr_tag[0] is the number
+ * of the forward whose x rows the workspace holds (0: unknown), [1] the x they came from, [2] the
+ * last number given (counting from a base of its own per workspace, so no two forwards of a
+ * process share one). status[MOK_BSTATUS_X_ROWS] <- 1 if they are saved's forward's and x is
+ * theirs. */
+struct mok_saved_layout;
+cudaError_t saved_open_launch(const struct mok_saved_layout *S, const void *saved, int experts_local,
+                              int top_k, uint32_t ident, const int32_t *topk_ids,
+                              const float *topk_weights, int32_t *status, uint64_t *xr_tag,
+                              const void *x, int max_blocks, cudaStream_t stream);
 cudaError_t combine_launch(const combine_args *c, cudaStream_t stream);
 /* d_topk_weights[s] = sum over chunks c ascending of part[s, c]. Also copies the call's error
  * bits into `sticky`, so a backward on a failed forward's saved buffer is reported again. */

@@ -45,7 +45,8 @@ static mok_status check_weights_device(const mok_weights *w) {
 /* Forward and schedule: zero the call's error word, publish ids and weights, open, build the
  * schedule over every rank's ids, check (capacity). */
 static mok_status schedule(const call *c, const mok_forward_args *a) {
-  CUDA_TRY(cudaMemsetAsync(c->status, 0, 4 * sizeof(int32_t), c->stream), "status");
+  CUDA_TRY(cudaMemsetAsync(c->status, 0, MOK_STATUS_WORDS * sizeof(int32_t), c->stream),
+           "status");
   const size_t slots_bytes = (size_t)c->T * c->k * 4;
   TRY(publish(c, c->L->sym_ids, a->topk_ids, slots_bytes));
   TRY(publish(c, c->L->sym_w, a->topk_weights, slots_bytes));
@@ -65,6 +66,7 @@ static mok_status schedule(const call *c, const mok_forward_args *a) {
   s.expert_base = (int)c->ws->expert_base;
   s.rows_cap = (int)c->S.rows_cap;
   s.status = AT(c->saved, c->S.status, int32_t);
+  s.ident = mok_saved_ident(c->ws);
   s.sticky = AT(c->scratch, c->L->sticky, int32_t);
   s.counts = AT(c->saved, c->S.counts, int32_t);
   s.offsets = AT(c->saved, c->S.offsets, int32_t);
@@ -213,10 +215,11 @@ static mok_status backward_on_device(mok_workspace *ws, const mok_backward_args 
   const int64_t E = c.E_local;
   const int acc = a->grad_mode == MOK_GRAD_ACCUMULATE_F32;
   /* The forward's error word, copied so the barrier may add to it without touching saved, and
-   * checked against this call's tokens before anything else of saved is read. */
+   * saved checked against this call (its header first) before anything else of it is read. */
   c.status = AT(c.scratch, c.L->bstatus, int32_t);
-  CUDA_TRY(saved_open_launch(AT(c.saved, c.S.status, int32_t), c.status, (int)c.T,
-                             AT(c.saved, c.S.tag, uint64_t), xr_tag_of(&c), a->x, c.stream),
+  CUDA_TRY(saved_open_launch(&c.S, c.saved, c.E_local, c.k, mok_saved_ident(ws), a->topk_ids,
+                             a->topk_weights, c.status, xr_tag_of(&c), a->x,
+                             c.ws->ctx->sm_count, c.stream),
            "status");
   TRY(publish(&c, c.L->sym_x, a->x, (size_t)c.T * c.H * 2));
   TRY(publish(&c, c.L->sym_dy, a->dy, (size_t)c.T * c.H * 2));

@@ -8,6 +8,7 @@
 #define MOK_CUDA_ROWS_CUH
 
 #include "cuda/kernels.h"
+#include "internal.h"
 
 #define COMBINE_BATCH 8   /* slot rows a thread loads before it adds any of them */
 
@@ -55,7 +56,7 @@ static __device__ void copy_rows(const int4 *x0, const int4 *x1, const size_t fr
 /* The call's number and marks (dispatch_args.xr_tag), by the one thread that reads the tags;
  * its filled word. Before any row moves. */
 static __device__ void dispatch_marks(const dispatch_args *a) {
-  if (a->filled) *a->filled = 1;
+  if (a->filled) *a->filled = MOK_FILLED_ACTIVATIONS;
   const bool dy_only = a->x_rows && *a->x_rows;
   if (a->xr_tag && !a->x_rows) { /* forward: number this call, mark its x rows and saved */
     const uint64_t n = ++a->xr_tag[2];

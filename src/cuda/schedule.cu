@@ -13,7 +13,12 @@
  * (source rank, t, j) and row_src = rank * slots_cap + t*k + j; every rank checks every id, so
  * all of them agree on a bad one.
  * Only integer atomics whose result does not depend on their order (histogram counts, error
- * bits) are used, so the schedule is identical run after run.
+ * bits, the header's sums) are used, so the schedule is identical run after run.
+ * saved's header (internal.h) comes with it: scan writes its identity words first, and every
+ * thread adds the terms of the own slots' ids and weights it reads (ROUTING) and of every value
+ * of the schedule it writes (SCHEDULE), so the sums are of what the schedule holds. After an
+ * error (a bad id, over the capacity, or bits from the group's opening barrier) nothing past the
+ * header is written.
  */
 #include "cuda/kernels.h"
 #include "cuda/ptx.cuh"
@@ -46,13 +51,22 @@ static __device__ sched_slot slot_of(const sched_args *a, int chunk) {
   return s;
 }
 
-/* count of one chunk: its histogram over the local experts, in hist (shared, E_local). */
-static __device__ void count_chunk(const sched_args *a, int chunk, int *hist) {
+/* A status word read where other blocks' atomics wrote it before a grid barrier. */
+static __device__ __forceinline__ int32_t status_now(const int32_t *status) {
+  return *(const volatile int32_t *)status;
+}
+
+/* count of one chunk: its histogram over the local experts, in hist (shared, E_local); the
+ * routing sum's terms of the own slots into *routing. */
+static __device__ void count_chunk(const sched_args *a, int chunk, int *hist, uint32_t *routing) {
   for (int e = threadIdx.x; e < a->experts_local; e += blockDim.x) hist[e] = 0;
   __syncthreads();
   const sched_slot sl = slot_of(a, chunk);
   if (sl.f < sl.n) {
     int id = sl.ids[sl.f];
+    if (sl.src == a->rank)
+      *routing += mok_sum_term(MOK_SUM_IDS, sl.f, (uint32_t)id) +
+                  mok_sum_term_f(MOK_SUM_WEIGHTS, sl.f, sl.w[sl.f]);
     if (!id_valid(id, a->experts)) {
       atomicOr(a->status, MOK_DEVERR_EXPERT_ID);
       atomicOr(a->sticky, MOK_DEVERR_EXPERT_ID);
@@ -115,12 +129,18 @@ static __device__ int scan_chunks(int *chunk_counts, int E, int e, int c0, int c
   return run;
 }
 
-/* scan, by one block. */
-static __device__ void scan_block(const sched_args *pa, int chunks) {
+/* scan, by one block; cnt (shared, E_local) holds the counts until the capacity is known. The
+ * schedule sum's terms of what it writes into *sum. */
+static __device__ void scan_block(const sched_args *pa, int chunks, int *cnt, uint32_t *sum) {
   const sched_args &a = *pa;
   __shared__ int part[SCHED_THREADS]; /* [group][expert column]: a group's sum of its chunks */
   const int E = a.experts_local;
-  if (threadIdx.x == 0) a.status[MOK_STATUS_TOKENS] = a.slots / a.top_k; /* backward checks it */
+  if (threadIdx.x == 0) { /* saved's identity: backward and mok_schedule_counts check it */
+    a.status[MOK_STATUS_TOKENS] = a.slots / a.top_k;
+    a.status[MOK_STATUS_MAGIC] = MOK_SAVED_MAGIC;
+    a.status[MOK_STATUS_IDENT] = (int32_t)a.ident;
+  }
+  if (status_now(a.status)) return; /* a bad id, or the group's bits: nothing more is written */
   /* Chunk bases. The block takes up to blockDim.x experts at a time, one column of threads per
    * expert and the chunks split among `groups` rows of them: each thread sums its slice, then
    * rewrites it as bases from the sums of the slices before it. A thread walking all of an
@@ -140,15 +160,15 @@ static __device__ void scan_block(const sched_args *pa, int chunks) {
       int run = 0;
       for (int h = 0; h < g; h++) run += part[h * cols + col];
       run = scan_chunks(a.chunk_counts, E, e, c0, c1, run, true);
-      if (g == groups - 1) a.counts[e] = run;
+      if (g == groups - 1) cnt[e] = run;
     }
-    __syncthreads(); /* part[] is reused; counts[] is read below by other threads */
+    __syncthreads(); /* part[] is reused; cnt[] is read below by other threads */
   }
   /* Each thread owns a contiguous run of experts: padded sizes and offsets. */
   const int each = (E + blockDim.x - 1) / blockDim.x;
   const int e0 = threadIdx.x * each, e1 = min(E, e0 + each);
   int mine = 0;
-  for (int e = e0; e < e1; e++) mine += (a.counts[e] + MOK_TILE_M - 1) / MOK_TILE_M * MOK_TILE_M;
+  for (int e = e0; e < e1; e++) mine += (cnt[e] + MOK_TILE_M - 1) / MOK_TILE_M * MOK_TILE_M;
   int total;
   int off = block_exclusive_scan(mine, &total);
   if (total > a.rows_cap) { /* over the capacity (shape.routed_rows): every later kernel skips */
@@ -158,33 +178,52 @@ static __device__ void scan_block(const sched_args *pa, int chunks) {
     }
     return;
   }
+  uint32_t s = 0;
   for (int e = e0; e < e1; e++) {
+    a.counts[e] = cnt[e];
     a.offsets[e] = off;
-    off += (a.counts[e] + MOK_TILE_M - 1) / MOK_TILE_M * MOK_TILE_M;
+    s += mok_sum_term(MOK_SUM_COUNTS, e, (uint32_t)cnt[e]) +
+         mok_sum_term(MOK_SUM_OFFSETS, e, (uint32_t)off);
+    off += (cnt[e] + MOK_TILE_M - 1) / MOK_TILE_M * MOK_TILE_M;
   }
-  if (threadIdx.x == 0) a.offsets[E] = total;
+  if (threadIdx.x == 0) {
+    a.offsets[E] = total;
+    s += mok_sum_term(MOK_SUM_OFFSETS, E, (uint32_t)total);
+  }
   __syncthreads();
   /* The expert of each 128-row block, and padding rows marked empty: a warp per expert, so
    * that its lanes store to neighbouring rows (a thread per expert scattered every store). */
   const int lane = threadIdx.x % 32, warps = blockDim.x / 32;
   for (int e = threadIdx.x / 32; e < E; e += warps) {
     const int begin = a.offsets[e], end = a.offsets[e + 1];
-    for (int b = begin / MOK_TILE_M + lane; b < end / MOK_TILE_M; b += 32) a.mblock_expert[b] = e;
-    for (int r = begin + a.counts[e] + lane; r < end; r += 32) {
+    for (int b = begin / MOK_TILE_M + lane; b < end / MOK_TILE_M; b += 32) {
+      a.mblock_expert[b] = e;
+      s += mok_sum_term(MOK_SUM_MBLOCK, b, (uint32_t)e);
+    }
+    for (int r = begin + cnt[e] + lane; r < end; r += 32) {
       a.row_src[r] = -1;
       a.row_weight[r] = 0.0f;
+      s += mok_sum_term(MOK_SUM_ROW_SRC, r, 0xffffffffu) +
+           mok_sum_term_f(MOK_SUM_ROW_WEIGHT, r, 0.0f);
     }
   }
-  for (int b = total / MOK_TILE_M + threadIdx.x; b < a.rows_cap / MOK_TILE_M; b += blockDim.x)
+  for (int b = total / MOK_TILE_M + threadIdx.x; b < a.rows_cap / MOK_TILE_M; b += blockDim.x) {
     a.mblock_expert[b] = -1;
+    s += mok_sum_term(MOK_SUM_MBLOCK, b, 0xffffffffu);
+  }
   for (int r = total + threadIdx.x; r < a.rows_cap; r += blockDim.x) {
     a.row_src[r] = -1;
     a.row_weight[r] = 0.0f;
+    s += mok_sum_term(MOK_SUM_ROW_SRC, r, 0xffffffffu) +
+         mok_sum_term_f(MOK_SUM_ROW_WEIGHT, r, 0.0f);
   }
+  *sum += s;
 }
 
-/* place of one chunk; next_row (shared, E_local): the next free row of each expert in it. */
-static __device__ void place_chunk(const sched_args *pa, int chunk, int *next_row) {
+/* place of one chunk; next_row (shared, E_local): the next free row of each expert in it. The
+ * schedule sum's terms of what it writes into *sum. */
+static __device__ void place_chunk(const sched_args *pa, int chunk, int *next_row,
+                                   uint32_t *sum) {
   const sched_args &a = *pa;
   for (int e = threadIdx.x; e < a.experts_local; e += blockDim.x)
     next_row[e] = a.offsets[e] + a.chunk_counts[(size_t)chunk * a.experts_local + e];
@@ -214,25 +253,49 @@ static __device__ void place_chunk(const sched_args *pa, int chunk, int *next_ro
       }
       base = __shfl_sync(0xffffffffu, base, leader);
       if (key >= 0) {
-        a.row_src[base + rank] = sl.src * a.slots_cap + sl.f;
+        const int src = sl.src * a.slots_cap + sl.f;
+        a.row_src[base + rank] = src;
         a.row_weight[base + rank] = weight;
+        *sum += mok_sum_term(MOK_SUM_ROW_SRC, base + rank, (uint32_t)src) +
+                mok_sum_term_f(MOK_SUM_ROW_WEIGHT, base + rank, weight);
       }
-      if (sl.src == a.rank && sl.f < sl.n) a.slot_row[sl.f] = key >= 0 ? base + rank : -1;
+      if (sl.src == a.rank && sl.f < sl.n) {
+        const int row = key >= 0 ? base + rank : -1;
+        a.slot_row[sl.f] = row;
+        *sum += mok_sum_term(MOK_SUM_SLOT_ROW, sl.f, (uint32_t)row);
+      }
     }
     __syncthreads();
+  }
+}
+
+/* The block's sums of r and s (every thread passes its own) added to *to_r and *to_s. */
+static __device__ void block_add(uint32_t r, uint32_t s, int32_t *to_r, int32_t *to_s) {
+  __shared__ uint32_t wr[32], wsum[32];
+  r = __reduce_add_sync(0xffffffffu, r);
+  s = __reduce_add_sync(0xffffffffu, s);
+  if (threadIdx.x % 32 == 0) wr[threadIdx.x / 32] = r, wsum[threadIdx.x / 32] = s;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < (int)(blockDim.x / 32); w++) r += wr[w], s += wsum[w];
+    atomicAdd((unsigned *)to_r, r);
+    atomicAdd((unsigned *)to_s, s);
   }
 }
 
 /* The three steps as phases of one cooperative launch, each block taking chunks blockIdx.x,
  * blockIdx.x + gridDim.x, ..., with every block at a grid barrier between them. */
 __global__ void __launch_bounds__(SCHED_THREADS, 1) schedule(sched_args a, int chunks) {
-  extern __shared__ int per_expert[]; /* [E_local]: count's hist, place's next_row */
-  for (int c = blockIdx.x; c < chunks; c += gridDim.x) count_chunk(&a, c, per_expert);
+  extern __shared__ int per_expert[]; /* [E_local]: count's hist, scan's counts, place's next_row */
+  uint32_t routing = 0, sum = 0;
+  for (int c = blockIdx.x; c < chunks; c += gridDim.x) count_chunk(&a, c, per_expert, &routing);
   grid_sync(a.sync, SCHED_THREADS);
-  if (blockIdx.x == 0) scan_block(&a, chunks);
+  if (blockIdx.x == 0) scan_block(&a, chunks, per_expert, &sum);
   grid_sync(a.sync, SCHED_THREADS);
-  if (*a.status & MOK_DEVERR_CAPACITY) return; /* the offsets were not written */
-  for (int c = blockIdx.x; c < chunks; c += gridDim.x) place_chunk(&a, c, per_expert);
+  if (status_now(a.status)) return; /* an error: the offsets were not written */
+  for (int c = blockIdx.x; c < chunks; c += gridDim.x) place_chunk(&a, c, per_expert, &sum);
+  block_add(routing, sum, a.status + MOK_STATUS_ROUTING, a.status + MOK_STATUS_SCHEDULE);
+  if (blockIdx.x == 0 && threadIdx.x == 0) a.status[MOK_STATUS_FILLED] = MOK_FILLED_SCHEDULE;
 }
 
 cudaError_t schedule_launch(const sched_args *a, int max_ctas, cudaStream_t stream) {

@@ -16,7 +16,7 @@ static scratch_layout scratch_layout_of(const mok_workspace *ws, int64_t rows_ca
   size_t c = 0;
   const int64_t ranks = ws->ctx->cfg.ep_size, pub = ranks > 1;
   L.sticky = mok_take(&c, 16);
-  L.bstatus = mok_take(&c, 16);
+  L.bstatus = mok_take(&c, MOK_BSTATUS_WORDS * 4);
   L.rstatus = mok_take(&c, 16);
   L.table = mok_take(&c, sizeof(ep_table));
   L.flags = mok_take(&c, 2 * EP_MAX * 8);

@@ -83,8 +83,8 @@ static void compare_schedule(const char *tag, const harness *out, const harness 
   const char *a = out->saved, *b = ref->saved;
   char what[160];
   int64_t E = ref->ws->experts_local;
-  snprintf(what, sizeof what, "%s: status", tag);
-  same_bits(what, a + S.status, b + S.status, 4);
+  snprintf(what, sizeof what, "%s: header", tag); /* identity and sums: the CPU's words */
+  same_bits(what, a + S.status, b + S.status, MOK_STATUS_WORDS * 4);
   snprintf(what, sizeof what, "%s: counts", tag);
   same_bits(what, a + S.counts, b + S.counts, (size_t)E * 4);
   snprintf(what, sizeof what, "%s: offsets", tag);
@@ -384,6 +384,14 @@ static void failing_call_untouched(gpu_layer *d, harness *out, const harness *po
   CHECK(st == want, "%s: backward after it: mok_check gave %s", what, mok_status_name(st));
   gpu_fetch(d, out);
   compare_bits("outputs untouched", out, poison, MOK_GRAD_WRITE_BF16);
+  const mok_saved_layout S = mok_saved_layout_of(d->ws, d->T);
+  same_bits("saved past its header untouched", (char *)out->saved + S.tag,
+            (char *)poison->saved + S.tag, out->saved_bytes - S.tag);
+  int32_t counts[64];
+  memset(counts, 0xa5, sizeof counts);
+  st = mok_schedule_counts(d->ws, d->saved, d->T, counts, 0);
+  CHECK(st == want, "%s: schedule_counts on its saved: %s (%s)", what, mok_status_name(st),
+        mok_last_error());
 }
 
 /* After a failed call, a good one on the same workspace (ids from h) runs normally. */
@@ -479,6 +487,105 @@ static void saved_of_another_call(void) {
   }
   harness_fini(&h);
   harness_fini(&out);
+  harness_fini(&poison);
+}
+
+/* Backward given a foreign or corrupted saved: another layer's of the same shape (other
+ * routing), a wider layer's, garbage, zeros, or its own with one schedule value changed. The
+ * backward queues fine; its first kernel (saved_open) checks saved's header, then the routing and
+ * schedule sums, and raises MOK_DEVERR_SAVED: mok_check reports MOK_ERR_INVALID_ARG and every
+ * output of the backward is as poisoned. mok_schedule_counts refuses the foreign ones on the host.
+ * The pristine saved then serves its backward, which matches a plain run's bits. */
+static void foreign_or_corrupted_saved(void) {
+  mok_shape s = shape_of(200, 128, 128, 64, 8, 2), wide = shape_of(200, 256, 128, 64, 8, 2);
+  harness h, h2, hw, out, ref, poison;
+  if (harness_init(&h, &s, 200, 12, 0) && harness_init(&h2, &s, 200, 13, 0) &&
+      harness_init(&hw, &wide, 200, 14, 0) && harness_init(&out, &s, 200, 12, 0) &&
+      harness_init(&ref, &s, 200, 12, 0) && harness_init(&poison, &s, 200, 12, 0)) {
+    harness_poison(&poison, 0xa5);
+    gpu_layer d, d2, dw;
+    memset(&d2, 0, sizeof d2);
+    memset(&dw, 0, sizeof dw);
+    if (gpu_init(&d, &h, 200, NULL) && gpu_init(&d2, &h2, 200, NULL) &&
+        gpu_init(&dw, &hw, 200, NULL)) {
+      CHECK_OK(gpu_run(&d, MOK_GRAD_WRITE_BF16, 0));
+      CHECK_OK(mok_check(d.ws, 0));
+      gpu_fetch(&d, &ref);
+      mok_forward_args f2 = gpu_forward_args(&d2), fw = gpu_forward_args(&dw);
+      CHECK_OK(mok_forward(d2.ws, &f2, 0));
+      CHECK_OK(mok_forward(dw.ws, &fw, 0));
+      CHECK_OK(mok_check(d2.ws, 0));
+      CHECK_OK(mok_check(dw.ws, 0));
+      char *pristine = (char *)malloc(d.saved_bytes);
+      if (pristine) {
+        CUDA_CHECK(cudaMemcpy(pristine, d.saved, d.saved_bytes, cudaMemcpyDeviceToHost));
+        const mok_saved_layout S = mok_saved_layout_of(d.ws, 200);
+        const struct {
+          const char *what;
+          const void *saved; /* another buffer, or NULL: d's own, changed at `at` */
+          size_t at;         /* SIZE_MAX: every byte set to fill */
+          int32_t add;
+          int fill;
+        } cases[] = {
+            {"another layer's saved (same shape)", d2.saved, 0, 0, 0},
+            {"a wider layer's saved", dw.saved, 0, 0, 0},
+            {"garbage", NULL, SIZE_MAX, 0, 0x5a},
+            {"zeros", NULL, SIZE_MAX, 0, 0},
+            {"counts[0] + 1", NULL, S.counts, 1, 0},
+            {"offsets[1] + 128", NULL, S.offsets + 4, 128, 0},
+            {"row_src[0] + 1", NULL, S.row_src, 1, 0},
+            {"row_weight[5] + 1 ulp", NULL, S.row_weight + 20, 1, 0},
+            {"slot_row[7] - 1", NULL, S.slot_row + 28, -1, 0},
+            {"mblock_expert[0] + 1", NULL, S.mblock_expert, 1, 0},
+            {"status ROUTING + 1", NULL, S.status + 4 * MOK_STATUS_ROUTING, 1, 0},
+        };
+        for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+          CUDA_CHECK(cudaMemcpy(d.saved, pristine, d.saved_bytes, cudaMemcpyHostToDevice));
+          if (!cases[i].saved && cases[i].at == SIZE_MAX) {
+            CUDA_CHECK(cudaMemset(d.saved, cases[i].fill, d.saved_bytes));
+          } else if (!cases[i].saved) {
+            int32_t v;
+            memcpy(&v, pristine + cases[i].at, 4);
+            v += cases[i].add;
+            CUDA_CHECK(cudaMemcpy((char *)d.saved + cases[i].at, &v, 4, cudaMemcpyHostToDevice));
+          }
+          gpu_poison_backward(&d, 0xa5);
+          mok_backward_args b = gpu_backward_args(&d, MOK_GRAD_WRITE_BF16);
+          if (cases[i].saved) b.saved = cases[i].saved;
+          CHECK_OK(mok_backward(d.ws, &b, 0));
+          mok_status st = mok_check(d.ws, 0);
+          CHECK(st == MOK_ERR_INVALID_ARG && strstr(mok_last_error(), "saved"),
+                "%s: mok_check gave %s (%s)", cases[i].what, mok_status_name(st),
+                mok_last_error());
+          gpu_fetch(&d, &out);
+          memcpy(poison.y, out.y, (size_t)200 * s.hidden * 2); /* y is the forward's */
+          compare_bits(cases[i].what, &out, &poison, MOK_GRAD_WRITE_BF16);
+          if (i < 4) {
+            int32_t counts[8];
+            st = mok_schedule_counts(d.ws, b.saved, 200, counts, 0);
+            CHECK((i == 0) == (st == MOK_OK), "%s: schedule_counts gave %s", cases[i].what,
+                  mok_status_name(st));
+          }
+        }
+        CUDA_CHECK(cudaMemcpy(d.saved, pristine, d.saved_bytes, cudaMemcpyHostToDevice));
+        gpu_poison_backward(&d, 0xa5);
+        mok_backward_args b = gpu_backward_args(&d, MOK_GRAD_WRITE_BF16);
+        CHECK_OK(mok_backward(d.ws, &b, 0));
+        CHECK_OK(mok_check(d.ws, 0));
+        gpu_fetch(&d, &out);
+        compare_bits("the pristine saved's backward", &out, &ref, MOK_GRAD_WRITE_BF16);
+        free(pristine);
+      }
+    }
+    gpu_fini(&d);
+    gpu_fini(&d2);
+    gpu_fini(&dw);
+  }
+  harness_fini(&h);
+  harness_fini(&h2);
+  harness_fini(&hw);
+  harness_fini(&out);
+  harness_fini(&ref);
   harness_fini(&poison);
 }
 
@@ -698,6 +805,7 @@ const test_case tests_gpu_layer[] = {
     {"gpu/bad_expert_id_untouched", bad_expert_id},
     {"gpu/capacity_overflow_untouched", capacity_overflow_untouched},
     {"gpu/saved_of_another_call_untouched", saved_of_another_call},
+    {"gpu/foreign_or_corrupted_saved_untouched", foreign_or_corrupted_saved},
     {"gpu/host_pointer_refused", host_pointer_refused},
     {"gpu/recompute_matches_forward", recompute_matches_forward},
     {"gpu/x_rows_kept_for_their_backward", x_rows_kept},
