@@ -39,8 +39,24 @@ int harness_init(harness *h, const mok_shape *shape, int64_t T, uint64_t seed, i
     h->g_len[i] = len[i];
     if (len[i]) ok = ok && (h->g[i] = test_alloc((size_t)len[i] * 4)) != NULL;
   }
+  if (ok && shape->precision == MOK_FP8) {
+    ok = (h->fp8 = test_alloc(mok_fp8_weights_bytes(h->ws))) != NULL;
+    if (ok) harness_quantize(h);
+  }
   CHECK(ok, "out of host memory");
   return ok;
+}
+
+void harness_quantize(harness *h) {
+  if (!h->fp8) return;
+  const mok_weights w = mok_host_layer_weights(&h->L);
+  CHECK_OK(mok_quantize_weights(h->ws, &w, h->fp8, NULL));
+}
+
+mok_weights harness_weights(const harness *h) {
+  if (!h->fp8) return mok_host_layer_weights(&h->L);
+  mok_weights w = {NULL, NULL, NULL, NULL, NULL, NULL, h->fp8};
+  return w;
 }
 
 void harness_fini(harness *h) {
@@ -51,13 +67,14 @@ void harness_fini(harness *h) {
   free(h->y);
   free(h->dx);
   free(h->dtw);
+  free(h->fp8);
   for (int i = 0; i < G_COUNT; i++) free(h->g[i]);
   memset(h, 0, sizeof *h);
 }
 
 mok_forward_args harness_forward_args(const harness *h) {
-  mok_forward_args a = {h->T, h->L.x, h->L.topk_ids, h->L.topk_weights,
-                        mok_host_layer_weights(&h->L), h->y, h->saved};
+  mok_forward_args a = {h->T, h->L.x, h->L.topk_ids, h->L.topk_weights, harness_weights(h),
+                        h->y, h->saved};
   return a;
 }
 
@@ -68,7 +85,7 @@ mok_backward_args harness_backward_args(const harness *h, mok_grad_mode mode) {
   a.x = h->L.x;
   a.topk_ids = h->L.topk_ids;
   a.topk_weights = h->L.topk_weights;
-  a.w = mok_host_layer_weights(&h->L);
+  a.w = harness_weights(h);
   a.saved = h->saved;
   a.dy = h->L.dy;
   a.dx = h->dx;

@@ -26,14 +26,20 @@ typedef struct harness {
   size_t saved_bytes;
   void *g[G_COUNT];      /* weight grads, room for fp32 */
   int64_t g_len[G_COUNT];/* elements of each (0 for the shared ones when I_s = 0) */
+  void *fp8;             /* MOK_FP8: the FP8 weight buffer of L's weights (harness_quantize) */
 } harness;
 
 /* Inputs from mok_host_layer_create(shape, T, seed); a CPU context of `threads` threads (0 = all)
- * and a workspace of max_tokens = shape->max_tokens. Returns 0 and records a failure if anything
- * fails. */
+ * and a workspace of max_tokens = shape->max_tokens; at MOK_FP8 the weights quantized. Returns 0
+ * and records a failure if anything fails. */
 int harness_init(harness *h, const mok_shape *shape, int64_t T, uint64_t seed, int threads);
 void harness_fini(harness *h);
+/* MOK_FP8: quantizes L's weights into h->fp8 again (after a test changed them); else nothing. */
+void harness_quantize(harness *h);
 
+/* The call's weights: L's bf16 ones, or at MOK_FP8 the FP8 buffer alone (the bf16 pointers NULL,
+ * so that a backend reading them fails). */
+mok_weights harness_weights(const harness *h);
 mok_forward_args harness_forward_args(const harness *h);
 mok_backward_args harness_backward_args(const harness *h, mok_grad_mode mode);
 /* Fills every output (y, dx, d_topk_weights, grads, saved) with the byte `pattern`. */

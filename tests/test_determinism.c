@@ -4,7 +4,9 @@
  *   D2: the thread count (the CPU backend's knob) changes no bit: 1, 2 and 3 threads.
  *   D3: a token's y, dx and d_topk_weights are the same in a sub-batch (with another max_tokens).
  *   Recompute fills `saved` exactly as forward does, and backward from either is the same.
- * A mismatch names the first differing element.
+ * Each at MOK_BF16 and at MOK_FP8 (DESIGN §8: the quantizations are per token, per row or per
+ * expert segment, so D3 holds for y, dx and d_topk_weights too). A mismatch names the first
+ * differing element.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,7 +30,8 @@ static int64_t first_diff(const void *a, const void *b, int64_t n, size_t elem) 
     CHECK(at_ < 0, "%s: first difference at element %lld", (what), (long long)at_);   \
   } while (0)
 
-static const mok_shape shape = {96, 160, 96, 64, 8, 4, MOK_BF16, 0};
+static const mok_shape bf16_shape = {96, 160, 96, 64, 8, 4, MOK_BF16, 0};
+static const mok_shape fp8_shape = {96, 160, 96, 64, 8, 4, MOK_FP8, 0};
 
 /* Every output of a run of h, kept for comparison. */
 typedef struct outputs {
@@ -98,7 +101,8 @@ static void same_outputs(const harness *h, const outputs *o, const char *what, s
 }
 
 /* D1 and D2: runs with 0 (all), 1, 2 and 3 threads, in both grad modes (main grads start at 0). */
-static void repeat_and_threads(void) {
+static void repeat_and_threads(const mok_shape *s) {
+  const mok_shape shape = *s;
   for (int mode = 0; mode < 2; mode++) {
     outputs first;
     int have = 0;
@@ -126,7 +130,8 @@ static void repeat_and_threads(void) {
 
 /* Recompute into a differently poisoned `saved` gives forward's bits, and backward from it gives
  * the same gradients. */
-static void recompute_matches_forward(void) {
+static void recompute_matches_forward(const mok_shape *s) {
+  const mok_shape shape = *s;
   harness h;
   if (harness_init(&h, &shape, 80, 601, 0)) {
     harness_poison(&h, 0x3C);
@@ -148,7 +153,8 @@ static void recompute_matches_forward(void) {
 }
 
 /* D3: tokens picked from a batch, run alone in a smaller batch (and workspace), keep their bits. */
-static void batch_subset(void) {
+static void batch_subset(const mok_shape *s) {
+  const mok_shape shape = *s;
   const int64_t T = 96, pick[] = {0, 5, 6, 17, 40, 41, 63, 95};
   const int64_t n = sizeof pick / sizeof pick[0], H = shape.hidden, k = shape.top_k;
   harness full, part;
@@ -171,6 +177,7 @@ static void batch_subset(void) {
       memcpy(b->topk_ids + i * k, a->topk_ids + pick[i] * k, (size_t)k * 4);
       memcpy(b->topk_weights + i * k, a->topk_weights + pick[i] * k, (size_t)k * 4);
     }
+    harness_quantize(&part);
     CHECK_OK(harness_run(&part, MOK_GRAD_WRITE_BF16));
     for (int64_t i = 0; i < n; i++) {
       char what[64];
@@ -186,8 +193,18 @@ static void batch_subset(void) {
   harness_fini(&part);
 }
 
+static void repeat_and_threads_bf16(void) { repeat_and_threads(&bf16_shape); }
+static void recompute_bf16(void) { recompute_matches_forward(&bf16_shape); }
+static void batch_subset_bf16(void) { batch_subset(&bf16_shape); }
+static void repeat_and_threads_fp8(void) { repeat_and_threads(&fp8_shape); }
+static void recompute_fp8(void) { recompute_matches_forward(&fp8_shape); }
+static void batch_subset_fp8(void) { batch_subset(&fp8_shape); }
+
 const test_case tests_determinism[] = {
-    {"cpu/determinism_repeat_and_threads", repeat_and_threads},
-    {"cpu/determinism_recompute", recompute_matches_forward},
-    {"cpu/determinism_batch_subset", batch_subset},
+    {"cpu/determinism_repeat_and_threads", repeat_and_threads_bf16},
+    {"cpu/determinism_recompute", recompute_bf16},
+    {"cpu/determinism_batch_subset", batch_subset_bf16},
+    {"fp8/cpu_determinism_repeat_and_threads", repeat_and_threads_fp8},
+    {"fp8/cpu_determinism_recompute", recompute_fp8},
+    {"fp8/cpu_determinism_batch_subset", batch_subset_fp8},
     {NULL, NULL}};

@@ -30,6 +30,7 @@ typedef struct rank_run {
   mok_forward_args f;
   mok_backward_args b;
   int64_t y_bytes, dtw_bytes, g_bytes[G_COUNT];
+  void *fp8;               /* MOK_FP8: this rank's FP8 weight buffer */
   int absent;              /* never calls (the timeout test) */
   mok_status fwd, bwd;
   char bwd_msg[256];       /* mok_last_error() on the rank's thread after backward */
@@ -98,6 +99,11 @@ static int setup_split(ep_setup *s, const mok_host_layer *L, int ep, int64_t rou
     w.w_gate = L->w_gate + r * El * I * H;
     w.w_up = L->w_up + r * El * I * H;
     w.w_down = L->w_down + r * El * H * I;
+    if (shape.precision == MOK_FP8) { /* each rank quantizes its own experts' weights */
+      u->fp8 = test_alloc(mok_fp8_weights_bytes(u->ws));
+      CHECK_OK(mok_quantize_weights(u->ws, &w, u->fp8, NULL));
+      w = (mok_weights){NULL, NULL, NULL, NULL, NULL, NULL, u->fp8};
+    }
     u->y_bytes = Tr * H * 2, u->dtw_bytes = Tr * k * 4;
     const int64_t g_len[G_COUNT] = {El * I * H, El * I * H, El * H * I, Is * H, Is * H, H * Is};
     for (int g = 0; g < G_COUNT; g++) u->g_bytes[g] = g_len[g] * 2;
@@ -128,6 +134,7 @@ static void teardown(ep_setup *s) {
     free(u->f.y), free(u->f.saved), free(u->b.dx), free(u->b.d_topk_weights);
     free(u->b.g.dw_gate), free(u->b.g.dw_up), free(u->b.g.dw_down);
     free(u->b.g.dws_gate), free(u->b.g.dws_up), free(u->b.g.dws_down);
+    free(u->fp8);
     mok_workspace_destroy(u->ws);
     mok_context_destroy(u->ctx);
   }
@@ -170,8 +177,13 @@ static void run_all(ep_setup *s, void *(*fn)(void *)) {
 
 /* The global batch: 96 tokens, 8 experts, top-2, a shared expert. */
 static const mok_shape global_shape = {96, 64, 32, 32, 8, 2, MOK_BF16, 0};
+/* MOK_FP8: 512 tokens, so that experts hold more than one block of 128 rows along which the weight
+ * gradients' operands are quantized (Q_col, per expert segment: the same blocks at every ep),
+ * and H, I, I_s that end in partial groups of 128. */
+static const mok_shape fp8_shape = {512, 160, 144, 80, 8, 2, MOK_FP8, 0};
 
-static void d4_across_ep(void) {
+static void d4_across_ep_of(const mok_shape *gs) {
+  const mok_shape global_shape = *gs;
   harness ref;
   if (!harness_init(&ref, &global_shape, global_shape.max_tokens, 11, 1)) return;
   CHECK_OK(harness_run(&ref, MOK_GRAD_WRITE_BF16));
@@ -215,12 +227,12 @@ static void d4_across_ep(void) {
 
 /* D4 again with uneven token counts (each below max_tokens but the largest), two threads per
  * rank, and three calls in a row on the same workspaces. */
-static void d4_uneven_repeated(void) {
+static void d4_uneven_repeated_of(const mok_shape *gs, const int64_t split[4]) {
+  const mok_shape global_shape = *gs;
   harness ref;
   if (!harness_init(&ref, &global_shape, global_shape.max_tokens, 15, 1)) return;
   CHECK_OK(harness_run(&ref, MOK_GRAD_WRITE_BF16));
   const int64_t H = global_shape.hidden, k = global_shape.top_k;
-  const int64_t split[4] = {40, 8, 30, 18};
   ep_setup s;
   if (setup_split(&s, &ref.L, 4, 0, 0, split, 2)) {
     for (int rep = 0; rep < 3; rep++) {
@@ -248,6 +260,17 @@ static void d4_uneven_repeated(void) {
   }
   teardown(&s);
   harness_fini(&ref);
+}
+
+static void d4_across_ep(void) { d4_across_ep_of(&global_shape); }
+static void d4_across_ep_fp8(void) { d4_across_ep_of(&fp8_shape); }
+static void d4_uneven_repeated(void) {
+  const int64_t split[4] = {40, 8, 30, 18};
+  d4_uneven_repeated_of(&global_shape, split);
+}
+static void d4_uneven_repeated_fp8(void) {
+  const int64_t split[4] = {200, 40, 150, 122};
+  d4_uneven_repeated_of(&fp8_shape, split);
 }
 
 static double now_s(void) {
@@ -621,6 +644,8 @@ const test_case tests_ep[] = {
     {"ep/nccl_group_arguments", nccl_group_arguments},
     {"ep/D4_bits_across_ep_1_2_4_8", d4_across_ep},
     {"ep/D4_uneven_tokens_repeated", d4_uneven_repeated},
+    {"fp8/ep_D4_bits_across_ep_1_2_4_8", d4_across_ep_fp8},
+    {"fp8/ep_D4_uneven_tokens_repeated", d4_uneven_repeated_fp8},
     {"ep/absent_rank_times_out", absent_rank_times_out},
     {"ep/turns_in_rank_order", turns_in_rank_order},
     {"ep/api_calls_take_turns", api_calls_take_turns},

@@ -24,8 +24,11 @@ static mok_status cpu_workspace_init(mok_workspace *ws) {
   cpu_state *st = calloc(1, sizeof *st);
   if (!st) return mok_fail(MOK_ERR_OUT_OF_MEMORY, "no host memory for the CPU workspace");
   st->threads = ws->ctx->cfg.threads > 0 ? ws->ctx->cfg.threads : omp_get_max_threads();
-  /* A thread's scratch: one output row of H, a second of H, and dh of I_m. */
-  st->per_thread_len = mok_round_up(2 * H + Im, 16);
+  /* MOK_FP8 adds the published Q_row rows, the routed Q_row rows of dy, and per thread the
+   * quantized [dgate | dup] of one row (the gate/up dgrad's operand). */
+  const int64_t fp8 = s->precision == MOK_FP8;
+  /* A thread's scratch: one output row of H, a second of H, dh of I_m (and FP8's 2 I_m). */
+  st->per_thread_len = mok_round_up(2 * H + Im + fp8 * 2 * Im, 16);
 
   const int64_t S = T * s->top_k;
   size_t c = 0;
@@ -35,10 +38,12 @@ static mok_status cpu_workspace_init(mok_workspace *ws) {
   size_t o_sw = mok_take(&c, S * (int64_t)sizeof(float));
   size_t o_slot = mok_take(&c, (S * H) * (int64_t)sizeof(uint16_t));
   size_t o_sdtw = mok_take(&c, S * (int64_t)sizeof(float));
+  size_t o_sq = mok_take(&c, fp8 * (T * H) * (int64_t)sizeof(float));
   size_t o_xf = mok_take(&c, (T * H) * (int64_t)sizeof(float));
   size_t o_dyf = mok_take(&c, (T * H) * (int64_t)sizeof(float));
   size_t o_xr = mok_take(&c, (R * H) * (int64_t)sizeof(float));
   size_t o_dyr = mok_take(&c, (R * H) * (int64_t)sizeof(float));
+  size_t o_dyq = mok_take(&c, fp8 * (R * H) * (int64_t)sizeof(float));
   size_t o_side = mok_take(&c, (T * H) * (int64_t)sizeof(float));
   size_t o_hwf = mok_take(&c, (R * I) * (int64_t)sizeof(float));
   size_t o_dguf = mok_take(&c, (R * 2 * I) * (int64_t)sizeof(float));
@@ -63,10 +68,12 @@ static mok_status cpu_workspace_init(mok_workspace *ws) {
   st->sym_w = (float *)(b + o_sw);
   st->slot = (uint16_t *)(b + o_slot);
   st->sym_dtw = (float *)(b + o_sdtw);
+  st->sym_q = fp8 ? (float *)(b + o_sq) : NULL;
   st->xf = (float *)(b + o_xf);
   st->dyf = (float *)(b + o_dyf);
   st->xr = (float *)(b + o_xr);
   st->dyr = (float *)(b + o_dyr);
+  st->dyq = fp8 ? (float *)(b + o_dyq) : NULL;
   st->side = (float *)(b + o_side);
   st->hwf = (float *)(b + o_hwf);
   st->dguf = (float *)(b + o_dguf);

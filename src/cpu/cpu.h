@@ -29,10 +29,14 @@ typedef struct cpu_state {
   uint16_t *slot;     /* [T*k, H] bf16 per-slot rows, pushed by the expert's rank: o forward,
                        * dxr backward */
   float *sym_dtw;     /* [T*k] d_topk_weights, pushed by the expert's rank */
+  float *sym_q;       /* MOK_FP8: [T, H] the call's input rows as their FP8 operand, Q_row along H
+                       * (x forward, dy backward), quantized once per token, published */
   float *xf;          /* [T, H] x as fp32: the shared expert's input (shared.c) */
   float *dyf;         /* [T, H] dy as fp32, likewise */
   float *xr;          /* [R, H] routed rows of x as fp32 (dispatch; zeros on padding) */
   float *dyr;         /* [R, H] routed rows of dy as fp32 */
+  float *dyq;         /* MOK_FP8: [R, H] routed rows of sym_q (the down dgrad's operand; dyr
+                       * keeps dy's bf16 values for the weight gradient's Q_col) */
   float *side;        /* [T, H] shared expert's fp32 output: ys forward, dxs backward */
   float *hwf;         /* [R, I] hw of each routed row as fp32 (values of the saved bf16) */
   float *dguf;        /* [R, 2I] bf16-rounded [dgate | dup] of each routed row, as fp32 */
@@ -129,20 +133,22 @@ void cpu_weight_grads(mok_workspace *ws, const cpu_saved *sv, int64_t tokens,
 
 /* mlp.c: one row of one expert (routed or shared; w = 1 for the shared expert).
  * Forward: gu[c] = bf16(x . Wgu[c]) for c < 2I, hw[i] = bf16(w silu(g_i) u_i), and when out is
- * not NULL out[h] = W_down[h] . hw (fp32). hwf gets hw as fp32. */
+ * not NULL out[h] = W_down[h] . hw (fp32), with fp8 on Q_row(hw). hwf gets hw as fp32 (with fp8
+ * and out, Q_row(hw)). */
 void cpu_mlp_forward_row(const float *x, const float *panel_gu, const float *panel_down,
-                         int64_t H, int64_t I, float w, uint16_t *gu, uint16_t *hw, float *hwf,
-                         float *out);
+                         int64_t H, int64_t I, float w, int fp8, uint16_t *gu, uint16_t *hw,
+                         float *hwf, float *out);
 /* Backward of one row from dy and the saved gu: returns <dh, silu(g) u> summed in 64-column
  * chunks (the router gradient), writes dgu (bf16-rounded, as fp32) and dx[h] = W_gu^T dgu (fp32).
- * dh is scratch of I floats (the down dgrad, never stored). */
+ * dh is scratch of I floats (the down dgrad, never stored). With dgu_q (scratch of 2I floats,
+ * MOK_FP8) dx is W_gu^T of Q_row(dgate), Q_row(dup) instead. */
 float cpu_mlp_backward_row(const float *dy, const float *panel_gu, const float *panel_down,
                            int64_t H, int64_t I, float w, const uint16_t *gu, float *dh,
-                           float *dgu, float *dx);
-/* Converts one expert's weights (gate/up [I, H] each, down [H, I]) into the two panels, by the
- * whole team (call from inside a parallel region; ends with a barrier). */
-void cpu_load_panels(const mok_workspace *ws, const uint16_t *w_gate, const uint16_t *w_up,
-                     const uint16_t *w_down, int64_t H, int64_t I);
+                           float *dgu, float *dgu_q, float *dx);
+/* Expert e's weights of w (e < 0: the shared expert's) as fp32 panels: bf16 converted, or at
+ * MOK_FP8 the FP8 buffer's codes decoded with their block scales. By the whole team (call from
+ * inside a parallel region; ends with a barrier). */
+void cpu_load_panels(const mok_workspace *ws, const mok_weights *w, int64_t e);
 
 /* common.c: this thread's row scratch (per_thread_len floats). Call inside a parallel region. */
 float *cpu_thread_scratch(const mok_workspace *ws);
@@ -157,6 +163,9 @@ void cpu_fp8_decode_row(float *dst, const uint8_t *q, const float *s, int64_t n)
 /* Q_row in place: each group of 128 consecutive values from v[0] (the last may be shorter)
  * replaced by what its e4m3 codes stand for. */
 void cpu_q_row(float *v, int64_t n);
+/* dst[r] = Q_row of the bf16 row src[r], for `rows` rows of n values, by a team of its own. */
+void cpu_q_rows_bf16(const mok_workspace *ws, float *dst, const uint16_t *src, int64_t rows,
+                     int64_t n);
 /* Q_col in place over `rows` rows of `cols` values, `stride` apart: each column of each block of
  * 128 rows from row 0 is a group. Call inside a parallel region (the team splits the columns). */
 void cpu_q_cols(float *m, int64_t rows, int64_t cols, int64_t stride);

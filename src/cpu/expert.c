@@ -16,7 +16,7 @@ void cpu_expert_forward(mok_workspace *ws, const mok_weights *w, const cpu_saved
                         int compute_y) {
   const cpu_state *st = cpu_state_of(ws);
   const int64_t H = ws->shape.hidden, I = ws->shape.inter;
-  const uint16_t *wg = w->w_gate, *wu = w->w_up, *wd = w->w_down;
+  const int fp8 = ws->shape.precision == MOK_FP8;
 
   #pragma omp parallel num_threads(st->threads)
   {
@@ -24,11 +24,11 @@ void cpu_expert_forward(mok_workspace *ws, const mok_weights *w, const cpu_saved
     for (int64_t e = 0; e < ws->experts_local; e++) {
       const int64_t r0 = sv->offsets[e], n = sv->counts[e];
       if (n == 0) continue; /* every thread sees the same counts: the barriers stay matched */
-      cpu_load_panels(ws, wg + e * I * H, wu + e * I * H, wd + e * H * I, H, I);
+      cpu_load_panels(ws, w, e);
       #pragma omp for schedule(static)
       for (int64_t r = r0; r < r0 + n; r++) {
         cpu_mlp_forward_row(st->xr + r * H, st->panel_gu, st->panel_down, H, I,
-                            sv->row_weight[r], sv->gu + r * 2 * I, sv->hw + r * I,
+                            sv->row_weight[r], fp8, sv->gu + r * 2 * I, sv->hw + r * I,
                             st->hwf + r * I, compute_y ? out : NULL);
         if (compute_y) {
           const int32_t src = sv->row_src[r];

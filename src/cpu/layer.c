@@ -10,12 +10,15 @@
 
 #include "cpu/cpu.h"
 
-/* Publishes this rank's x (and dy) for the peers' dispatch. */
+/* Publishes this rank's x (and dy) for the peers' dispatch; at MOK_FP8 also the operand the
+ * products read, Q_row of each token's x (forward) or dy (backward), made once per token. */
 static void publish(mok_workspace *ws, int64_t tokens, const void *x, const void *dy) {
   cpu_state *st = cpu_state_of(ws);
   const size_t n = (size_t)(tokens * ws->shape.hidden) * sizeof(uint16_t);
   memcpy(st->sym_x, x, n);
   if (dy) memcpy(st->sym_dy, dy, n);
+  if (ws->shape.precision == MOK_FP8)
+    cpu_q_rows_bf16(ws, st->sym_q, dy ? dy : x, tokens, ws->shape.hidden);
 }
 
 /* The closing barrier: every rank's pushes into this rank's slots are done, and no rank reads
@@ -36,8 +39,6 @@ mok_status cpu_layer_schedule(mok_workspace *ws, const mok_forward_args *a, void
 mok_status cpu_layer_forward(mok_workspace *ws, const mok_forward_args *a, int compute_y,
                              void *stream) {
   (void)stream;
-  if (ws->shape.precision == MOK_FP8)
-    return mok_fail(MOK_ERR_UNSUPPORTED, "the CPU backend does not run the MOK_FP8 layer yet");
   const int64_t T = a->tokens;
   cpu_saved sv = cpu_saved_view(ws, a->saved, T);
   publish(ws, T, a->x, NULL);
@@ -110,8 +111,6 @@ static mok_status check_saved_filled(mok_workspace *ws, const cpu_saved *sv,
 
 mok_status cpu_layer_backward(mok_workspace *ws, const mok_backward_args *a, void *stream) {
   (void)stream;
-  if (ws->shape.precision == MOK_FP8)
-    return mok_fail(MOK_ERR_UNSUPPORTED, "the CPU backend does not run the MOK_FP8 layer yet");
   const cpu_state *st = cpu_state_of(ws);
   const int64_t T = a->tokens;
   cpu_saved sv = cpu_saved_view(ws, a->saved, T);

@@ -40,6 +40,15 @@ void cpu_q_row(float *v, int64_t n) {
   }
 }
 
+void cpu_q_rows_bf16(const mok_workspace *ws, float *dst, const uint16_t *src, int64_t rows,
+                     int64_t n) {
+  #pragma omp parallel for schedule(static) num_threads(cpu_state_of(ws)->threads)
+  for (int64_t r = 0; r < rows; r++) {
+    for (int64_t i = 0; i < n; i++) dst[r * n + i] = bf16_to_f32(src[r * n + i]);
+    cpu_q_row(dst + r * n, n);
+  }
+}
+
 void cpu_q_cols(float *m, int64_t rows, int64_t cols, int64_t stride) {
   #pragma omp for schedule(static)
   for (int64_t c = 0; c < cols; c++)

@@ -6,6 +6,8 @@
  *   dW_down[e][h, :] = sum_r dy_r[h]   hw_r[:]      dWs_down[h, :] = sum_t dy_t[h]    hs_t[:]
  *   dW_gate[e][i, :] = sum_r dgate_r[i] x_r[:]      dWs_gate[i, :] = sum_t dgates_t[i] x_t[:]
  *   dW_up[e][i, :]   = sum_r dup_r[i]   x_r[:]      dWs_up[i, :]   = sum_t dups_t[i]   x_t[:]
+ *
+ * At MOK_FP8 the same sums run on every operand's Q_col (DESIGN §8.1), made in place first.
  */
 #include "bf16.h"
 #include "cpu/cpu.h"
@@ -70,6 +72,28 @@ static void grad_row(int64_t q, int64_t n, int64_t H, int64_t I, const float *dy
   store(up ? dw_up : dw_gate, (e * I + i) * H, acc, H, mode);
 }
 
+/* MOK_FP8: the operands, Q_col in place: each column of an expert's rows in blocks of 128 from
+ * its segment's start (the padding rows past its count are zeros, which change no block's
+ * amax, so they are left out), and of the shared expert's tokens in blocks of 128 from token 0.
+ * Inside the parallel region. */
+static void quantize_operands(const mok_workspace *ws, const cpu_saved *sv, int64_t tokens) {
+  const cpu_state *st = cpu_state_of(ws);
+  const int64_t H = ws->shape.hidden, I = ws->shape.inter, Is = ws->shape.shared_inter;
+  for (int64_t e = 0; e < ws->experts_local; e++) {
+    const int64_t r0 = sv->offsets[e], n = sv->counts[e];
+    if (n == 0) continue;
+    cpu_q_cols(st->dyr + r0 * H, n, H, H);
+    cpu_q_cols(st->xr + r0 * H, n, H, H);
+    cpu_q_cols(st->hwf + r0 * I, n, I, I);
+    cpu_q_cols(st->dguf + r0 * 2 * I, n, 2 * I, 2 * I);
+  }
+  if (Is == 0) return;
+  cpu_q_cols(st->dyf, tokens, H, H);
+  cpu_q_cols(st->xf, tokens, H, H);
+  cpu_q_cols(st->hsf, tokens, Is, Is);
+  cpu_q_cols(st->dgusf, tokens, 2 * Is, 2 * Is);
+}
+
 void cpu_weight_grads(mok_workspace *ws, const cpu_saved *sv, int64_t tokens,
                       const mok_grads *g, mok_grad_mode mode) {
   const cpu_state *st = cpu_state_of(ws);
@@ -80,6 +104,7 @@ void cpu_weight_grads(mok_workspace *ws, const cpu_saved *sv, int64_t tokens,
   #pragma omp parallel num_threads(st->threads)
   {
     float *acc = cpu_thread_scratch(ws); /* [max(H, I, I_s)] */
+    if (ws->shape.precision == MOK_FP8) quantize_operands(ws, sv, tokens);
     /* Rows differ in cost (H vs I long, segments of any size): hand them out dynamically;
      * each is still computed whole by one thread, so the bits do not depend on who takes it. */
     #pragma omp for schedule(dynamic, 4)
