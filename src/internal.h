@@ -236,6 +236,7 @@ struct mok_context {
   int gemm_ctas[2]; /* CUDA: CTAs of the persistent GEMMs in clusters of 2 x cn CTAs, [cn - 1]: a
                      * multiple of the cluster, all resident at once; at most sm_count, or one
                      * cluster when sm_count is smaller */
+  int gemm8_ctas;   /* CUDA: the same for the FP8 products (clusters of 2) */
 };
 
 struct mok_workspace {

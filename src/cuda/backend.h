@@ -49,6 +49,28 @@ void device_leave(const mok_context *ctx, device_guard *g);
 mok_status check_device(const void *p, const char *name);
 
 /* ---- workspace scratch ----------------------------------------------------------------------- */
+/* The FP8 operands of one expert kind (routed: R = rows_cap rows; the shared expert: the call's
+ * tokens, R = max_tokens rounded up to 128), DESIGN §8.2. An operand is codes `q` and scales
+ * `s`: row codes [R, K] with scales [K / 128][R] (Q_row), or column codes [C, R] with scales
+ * [R / 128][C] (Q_col). H' = H rounded up to 128, likewise I'. */
+typedef struct fp8_operand {
+  size_t q, s;
+} fp8_operand;
+typedef struct fp8_rows {
+  fp8_operand x;   /* Q_row of x rows [R, H]; the backward's dy rows reuse it */
+  fp8_operand h;   /* Q_row of hw rows [R, I]; the backward's dgu rows reuse it: [R, 2 I'], the
+                    * gate half in columns 0.., the up half from I' (each its own groups; zero
+                    * codes between), scales [2 I' / 128][R] */
+  fp8_operand dyT; /* Q_col of dy rows: [H, R], [R / 128][H] */
+  fp8_operand xT;  /* Q_col of x rows: [H, R] */
+  fp8_operand hT;  /* Q_col of hw rows: [I, R] */
+  fp8_operand dgT; /* Q_col of dgu rows: [2I, R] */
+  int64_t R;       /* rows (the leading dimension of every scale of a row and of a column) */
+} fp8_rows;
+typedef struct fp8_scratch {
+  fp8_rows routed, shared; /* shared: none when I_s = 0 */
+} fp8_scratch;
+
 typedef struct scratch_layout {
   size_t sticky;        /* int32: error bits until mok_check */
   size_t bstatus;       /* int32 [MOK_BSTATUS_WORDS]: backward's status, the forward's as checked
@@ -81,6 +103,7 @@ typedef struct scratch_layout {
                          * after the last reader of x rows (the routed gate/up forward; the
                          * routed gate/up weight gradient) */
   size_t dgus;          /* bf16 [T, 2I_s] */
+  fp8_scratch f8;       /* MOK_FP8 only (sizes 0 otherwise) */
   size_t bytes;
 } scratch_layout;
 
@@ -157,5 +180,17 @@ mok_status gateup_dgrad(const call *c, int routed, const void *dgu, const void *
                         const void *w_up, int64_t experts, int64_t I, void *out);
 mok_status wgrad(const call *c, int routed, const void *a, int64_t M, const void *b, int64_t N,
                  int64_t split, void *out0, void *out1, int accumulate, const combine_args *comb);
+
+/* ---- the layer (layer.cu), and its FP8 form (layer_fp8.cu) --------------------------------- */
+mok_status barrier(const call *c, int when);
+dispatch_args dispatch_of(const call *c, const __nv_bfloat16 *src0, __nv_bfloat16 *dst0,
+                          const __nv_bfloat16 *src1, __nv_bfloat16 *dst1, int32_t *filled);
+combine_args combine_of(const call *c, const float *base, void *out);
+/* After the schedule: the rest of an FP8 forward. After the backward's opening barrier: the
+ * rest of an FP8 backward. */
+mok_status forward8(const call *c, const mok_forward_args *a, int compute_y);
+mok_status backward8(const call *c, const mok_backward_args *a);
+mok_status cuda_fp8_weights(mok_workspace *ws, const mok_weights *w, const mok_fp8_given *given,
+                            void *fp8, void *stream);
 
 #endif /* MOK_CUDA_BACKEND_H */

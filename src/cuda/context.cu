@@ -49,9 +49,11 @@ mok_status cuda_context_init(mok_context *ctx) {
     return mok_fail(MOK_ERR_UNSUPPORTED,
                     "the CUDA driver has no cuTensorMapEncodeTiled (need 12.0+)");
   device_guard g;
-  int max_ctas[2] = {0, 0};
+  int max_ctas[2] = {0, 0}, max_ctas8 = 0;
   TRY(device_enter(ctx, &g));
   cudaError_t e = gemm_init(max_ctas);
+  if (e == cudaSuccess) e = gemm8_init(&max_ctas8);
+  if (e == cudaSuccess) e = quant_preload();
   if (e == cudaSuccess) e = ep_preload();
   if (e == cudaSuccess) e = rows_preload();
   if (e == cudaSuccess) e = schedule_preload();
@@ -73,6 +75,9 @@ mok_status cuda_context_init(mok_context *ctx) {
     if (R) n = (n - R) / R;
     ctx->gemm_ctas[i] = n < 1 ? C : n * C;
   }
+  int n8 = (ctx->sm_count < max_ctas8 ? ctx->sm_count : max_ctas8) / GEMM_CM;
+  if (R) n8 = (n8 - R) / R;
+  ctx->gemm8_ctas = n8 < 1 ? GEMM_CM : n8 * GEMM_CM;
   return MOK_OK;
 }
 

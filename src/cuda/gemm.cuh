@@ -40,6 +40,13 @@
 #include "cuda/kernels.h"
 #include "cuda/ptx.cuh"
 
+/* The kernels trap on any other architecture (the fatbin holds sm_90a code only). */
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ == 900
+#define GEMM_ARCH_OK 1
+#else
+#define GEMM_ARCH_OK 0
+#endif
+
 #define GEMM_A_BYTES (GEMM_BM * GEMM_BK * 2)   /* 16 KB */
 #define GEMM_B_BYTES (GEMM_BN * GEMM_BK * 2)   /* 32 KB */
 
@@ -116,7 +123,7 @@ MOK_DEV int rowgroup_block_count(const gemm_args *g, int bn_out, int cn, tile_me
 }
 
 MOK_DEV gemm_tile rowgroup_tile(const gemm_args *g, int q, int bn_out, int rank, int cn,
-                                tile_memo *memo) {
+                                tile_memo *memo, int bk = GEMM_BK) {
   const int n_tiles = ceil_div_dev(g->n, bn_out), m_tiles = rowgroup_m_tiles(g, memo);
   int mb, nb;
   tile_order(q, ceil_div_dev(m_tiles, GEMM_CM), ceil_div_dev(n_tiles, cn), &mb, &nb);
@@ -133,7 +140,7 @@ MOK_DEV gemm_tile rowgroup_tile(const gemm_args *g, int q, int bn_out, int rank,
   r.a_shared = cn == 2 && n_first + 1 < n_tiles && mt < m_tiles;
   r.expert = rank_m(rank) ? e1 : e0;
   r.k_row0 = 0;
-  r.k_blocks = g->k / GEMM_BK;
+  r.k_blocks = g->k / bk; /* k: a multiple of bk (FP8 products round theirs up) */
   return r;
 }
 
@@ -146,7 +153,8 @@ MOK_DEV int wgrad_block_count(const gemm_args *g, int cn) {
   return g->experts * gemm_blocks(g->m_tiles_max, g->n, GEMM_BN, cn);
 }
 
-MOK_DEV gemm_tile wgrad_tile(const gemm_args *g, int q, int rank, int cn, tile_memo *memo) {
+MOK_DEV gemm_tile wgrad_tile(const gemm_args *g, int q, int rank, int cn, tile_memo *memo,
+                             int bk = GEMM_BK) {
   const int n_tiles = ceil_div_dev(g->n, GEMM_BN), m_tiles = g->m_tiles_max;
   const int mb_count = ceil_div_dev(m_tiles, GEMM_CM), nb_count = ceil_div_dev(n_tiles, cn);
   gemm_tile r;
@@ -166,10 +174,10 @@ MOK_DEV gemm_tile wgrad_tile(const gemm_args *g, int q, int rank, int cn, tile_m
       memo->k_rows = g->counts[r.expert];
     }
     r.k_row0 = memo->k_row0;
-    r.k_blocks = ceil_div_dev(memo->k_rows, GEMM_BK);
+    r.k_blocks = ceil_div_dev(memo->k_rows, bk);
   } else {
     r.k_row0 = 0;
-    r.k_blocks = (g->k + GEMM_BK - 1) / GEMM_BK;
+    r.k_blocks = (g->k + bk - 1) / bk;
   }
   return r;
 }
@@ -192,8 +200,8 @@ MOK_DEV void acc_fence(float *d) {
 }
 
 /* One thread per consumer warpgroup frees stage s in every CTA of the cluster (`ctas`, a
- * compile-time constant). */
-MOK_DEV void stage_release(gemm_smem *sm, int s, int ctas) {
+ * compile-time constant). SM: gemm_smem (bf16) or gemm8_smem (FP8). */
+template <class SM> MOK_DEV void stage_release(SM *sm, int s, int ctas) {
   if (threadIdx.x % 128 == 0) {
 #pragma unroll
     for (int r = 0; r < ctas; r++) mbarrier_arrive_cluster(mapa_shared(&sm->empty[s], r));
@@ -245,7 +253,8 @@ MOK_DEV void gemm_consume(gemm_smem *sm, gemm_pipe *p, int k_blocks, int ctas, i
  * releases, so the warpgroup meets at a barrier first: otherwise warps 1-3, which no wgmma ties
  * to warp 0 here, can fall two phases behind on full[s] and later wait, with the right parity,
  * for phases that never come (the 2-CTA hang of perf-log 2026-12-02). */
-MOK_DEV void gemm_consume_phantom(gemm_smem *sm, gemm_pipe *p, int k_blocks, int ctas, int cw) {
+template <class SM>
+MOK_DEV void gemm_consume_phantom(SM *sm, gemm_pipe *p, int k_blocks, int ctas, int cw) {
   for (int kb = 0; kb < k_blocks; kb++, p->it++) {
     int s = (int)(p->it % GEMM_STAGES);
     mbarrier_wait_parity(&sm->full[s], (p->it / GEMM_STAGES) & 1);
@@ -255,22 +264,23 @@ MOK_DEV void gemm_consume_phantom(gemm_smem *sm, gemm_pipe *p, int k_blocks, int
 }
 
 /* Producer: waits until stage s is free in every CTA of the cluster. Returns s. For a real tile
- * it announces the bytes that will land in this CTA's stage (all of A and B, parts of them from
- * its peers when shared); for a phantom it just arrives. */
-MOK_DEV int gemm_produce_begin(gemm_smem *sm, gemm_pipe *p, int valid) {
+ * it announces the bytes that will land in this CTA's stage (`bytes`: all of A and B, parts of
+ * them from its peers when shared, and FP8's scales); for a phantom it just arrives. */
+template <class SM>
+MOK_DEV int gemm_produce_begin(SM *sm, gemm_pipe *p, int valid, uint32_t bytes) {
   int s = (int)(p->it % GEMM_STAGES);
   if (p->it >= GEMM_STAGES)
     mbarrier_wait_parity(&sm->empty[s], ((p->it / GEMM_STAGES) - 1) & 1);
   if (valid)
-    mbarrier_arrive_expect_tx(&sm->full[s], GEMM_A_BYTES + GEMM_B_BYTES);
+    mbarrier_arrive_expect_tx(&sm->full[s], bytes);
   else
     mbarrier_arrive(&sm->full[s]);
   return s;
 }
 
 /* ---- kernel prologue and end ----------------------------------------------------------------- */
-MOK_DEV gemm_smem *gemm_smem_init(char *raw, int ctas) {
-  gemm_smem *sm = (gemm_smem *)(((uintptr_t)raw + 1023) & ~(uintptr_t)1023);
+template <class SM = gemm_smem> MOK_DEV SM *gemm_smem_init(char *raw, int ctas) {
+  SM *sm = (SM *)(((uintptr_t)raw + 1023) & ~(uintptr_t)1023);
   if (threadIdx.x == 0) {
     for (int s = 0; s < GEMM_STAGES; s++) {
       mbarrier_init(&sm->full[s], 1);
@@ -379,6 +389,87 @@ MOK_DEV void store_f32_row(float *row, int col0, int n, const float *d, int h, i
     const float2 v = make_float2(d[4 * j + 2 * h], d[4 * j + 2 * h + 1]);
     if (add) atomicAdd((float2 *)(row + col), v);
     else *(float2 *)(row + col) = v;
+  }
+}
+
+/* ---- FP8 (DESIGN §8.2) ------------------------------------------------------------------------ */
+/* The same pipeline and tiles, with e4m3 operands: a k-block is 128 of K (one 128-byte swizzle
+ * row, as a bf16 k-block of 64), and each stage also holds A's scales for the block's 128 rows
+ * (and, for the weight gradients, B's for its 256 rows), which TMA brings with the tile. */
+#define GEMM8_BK 128
+typedef struct gemm8_smem {
+  alignas(1024) uint8_t a[GEMM_STAGES][GEMM_BM * GEMM8_BK];
+  alignas(1024) uint8_t b[GEMM_STAGES][GEMM_BN * GEMM8_BK];
+  alignas(128) float sa[GEMM_STAGES][GEMM_BM]; /* A's scale of each row for this k-block */
+  alignas(128) float sb[GEMM_STAGES][GEMM_BN]; /* BSCALE_ROWS: B's scale of each row */
+  uint64_t full[GEMM_STAGES];
+  uint64_t empty[GEMM_STAGES];
+} gemm8_smem;
+#define GEMM8_SMEM_BYTES (sizeof(gemm8_smem) + 1024)
+#define GEMM8_A_BYTES (GEMM_BM * GEMM8_BK + GEMM_BM * 4) /* codes and scales of A */
+#define GEMM8_B_BYTES (GEMM_BN * GEMM8_BK)
+#define GEMM8_SB_BYTES (GEMM_BN * 4)
+
+/* How B is scaled: a weight's 128 x 128 blocks (one scale per half of the tile and k-block, read
+ * from global memory by the consumers: `bscale`), or one scale per B row and k-block (the
+ * weight gradients' activations, in the stage with the tile). */
+enum { BSCALE_BLOCK, BSCALE_ROWS };
+
+/* Consumer warpgroup `cw`: its 64 rows x 256 columns over the tile's k-blocks into d. A k-block
+ * runs as two halves of 128 columns, four m64n128k32 wgmma each into tmp, which is promoted into
+ * d at once: d += tmp * (s_A[row] * s_B). The halves take 64 registers of partial sums where a
+ * whole m64n256 tile would need 128 beside d's 128; while one warpgroup promotes, the other's
+ * wgmma keep the tensor cores busy. BSCALE_BLOCK: bscale(h, kb) gives half h's scale at k-block
+ * kb (a functor, called before the stage is waited for, so its load overlaps the wait). */
+template <int BSCALE, class BS>
+MOK_DEV void gemm8_consume(gemm8_smem *sm, gemm_pipe *p, int k_blocks, int ctas, int cw,
+                           const BS &bscale, float *d) {
+  acc_zero(d);
+  const acc_pos ps = acc_position();
+  const int r0 = cw * 64 + ps.row;
+  float tmp[64];
+  for (int kb = 0; kb < k_blocks; kb++, p->it++) {
+    const int s = (int)(p->it % GEMM_STAGES);
+    float sbw[2] = {1.0f, 1.0f};
+    if (BSCALE == BSCALE_BLOCK) sbw[0] = bscale(0, kb), sbw[1] = bscale(1, kb);
+    mbarrier_wait_parity(&sm->full[s], (p->it / GEMM_STAGES) & 1);
+    const float sa0 = ld_shared_f32(&sm->sa[s][r0]), sa1 = ld_shared_f32(&sm->sa[s][r0 + 8]);
+    const uint8_t *a = sm->a[s] + cw * 64 * GEMM8_BK, *b = sm->b[s];
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+#pragma unroll
+      for (int i = 0; i < 64; i++) fence_operand(tmp[i]);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < GEMM8_BK / 32; kk++) /* k32 steps are 32 bytes into the rows */
+        wgmma_128_e4m3(tmp, smem_desc_sw128(a + kk * 32, 16, 1024),
+                       smem_desc_sw128(b + h * 128 * GEMM8_BK + kk * 32, 16, 1024), kk > 0);
+      wgmma_commit_group();
+      wgmma_wait_group<0>();
+#pragma unroll
+      for (int i = 0; i < 64; i++) fence_operand(tmp[i]);
+      float *dh = d + 64 * h;
+      if (BSCALE == BSCALE_BLOCK) {
+        const float s0 = sa0 * sbw[h], s1 = sa1 * sbw[h];
+#pragma unroll
+        for (int j = 0; j < 16; j++) {
+          dh[4 * j] = fmaf(tmp[4 * j], s0, dh[4 * j]);
+          dh[4 * j + 1] = fmaf(tmp[4 * j + 1], s0, dh[4 * j + 1]);
+          dh[4 * j + 2] = fmaf(tmp[4 * j + 2], s1, dh[4 * j + 2]);
+          dh[4 * j + 3] = fmaf(tmp[4 * j + 3], s1, dh[4 * j + 3]);
+        }
+      } else {
+#pragma unroll
+        for (int j = 0; j < 16; j++) { /* columns 8j + col, + 1 of the half */
+          const float2 sb = ld_shared_f32x2(&sm->sb[s][128 * h + 8 * j + ps.col]);
+          dh[4 * j] = fmaf(tmp[4 * j], sa0 * sb.x, dh[4 * j]);
+          dh[4 * j + 1] = fmaf(tmp[4 * j + 1], sa0 * sb.y, dh[4 * j + 1]);
+          dh[4 * j + 2] = fmaf(tmp[4 * j + 2], sa1 * sb.x, dh[4 * j + 2]);
+          dh[4 * j + 3] = fmaf(tmp[4 * j + 3], sa1 * sb.y, dh[4 * j + 3]);
+        }
+      }
+    }
+    stage_release(sm, s, ctas); /* the stage's codes and scales are all read */
   }
 }
 

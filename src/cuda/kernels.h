@@ -156,6 +156,71 @@ cudaError_t gemm_init(int max_ctas[2]);
 /* Launches on at most `ctas` CTAs (a multiple of 2 x cn); the grid never changes a bit. */
 cudaError_t gemm_launch(gemm_kind kind, const gemm_args *g, int ctas, cudaStream_t stream);
 
+/* ---- FP8 products (gemm_fp8.cu, DESIGN §8.2) ----------------------------------------------- */
+/* The five products on e4m3 operands, each a kernel of its own in clusters of 2 x 1 CTAs (the
+ * cluster knob does not apply: it never changes a bit anyway). Tiles as the bf16 kernels' with
+ * k-blocks of 128; every operand K-major (the dgrads read the weights' transposed codes, the
+ * weight gradients the column-quantized activations). */
+typedef enum gemm8_kind {
+  GEMM8_FWD_GATEUP,   /* gu, hw, hw's codes and scales <- x codes x [gate | up]^T */
+  GEMM8_FWD_DOWN,     /* slot rows (or fp32 rows) <- hw codes x W_down^T */
+  GEMM8_DGRAD_DOWN,   /* dgu, router partials <- dy codes x W_down (its transpose's codes) */
+  GEMM8_DGRAD_GATEUP, /* slot rows (or fp32 rows) <- dgu codes x [W_gate; W_up] */
+  GEMM8_WGRAD,        /* per expert: A^T B over its rows, both column-quantized */
+  GEMM8_KINDS
+} gemm8_kind;
+
+typedef struct gemm8_args {
+  gemm_args g;      /* maps a, b0, b1 of e4m3 codes (boxes 128 bytes wide), tile space (k: a
+                     * multiple of 128), epilogue; g.cn = 1 */
+  CUtensorMap sa;   /* A's scales, f32 [groups of K][lda rows], box 128 x 1 */
+  CUtensorMap sb;   /* GEMM8_WGRAD: B's scales, f32 [groups of K][ldb rows], box 256 x 1 */
+  /* The weights' block scales (the other kinds): f32, the scale of B rows' 128-block nb at
+   * k-block kb of expert e is w0[e * se + nb * sn + kb * sk] (b0's; b1's in w1). Gate/up forward:
+   * half 0 of a tile is b0 (gate), half 1 b1 (up), at the same nb; the others: both halves from
+   * one tensor, nb = n0 / 128 + half, and k-blocks from `ksplit` on come from b1 (gate/up dgrad:
+   * W_up after W_gate) at kb - ksplit. nb is clamped to ng - 1 (a tile's overhang is zeros). */
+  const float *w0, *w1;
+  int se, sn, sk, ng, ksplit;
+  /* GEMM8_FWD_GATEUP: hw's codes [rows, I] and scales [I / 128][ld_s] (Q_row along I) */
+  uint8_t *q_out;
+  float *s_out;
+  int ld_s;
+} gemm8_args;
+
+/* Once per device, with gemm_init: the FP8 kernels' attributes and the most CTAs resident. */
+cudaError_t gemm8_init(int *max_ctas);
+cudaError_t gemm8_launch(gemm8_kind kind, const gemm8_args *a, int ctas, cudaStream_t stream);
+
+/* ---- FP8 quantization (quant.cu, DESIGN §8.1) ---------------------------------------------- */
+/* Tiles of 128 x 128 of a bf16 matrix src [rows, cols] (ld_src elements a row). Rows from
+ * `rows` on read as zeros; with `live` set, only the first *live rows matter (the schedule's
+ * offsets[E_local]: the tiles below it run, the rest return at once). Either output or both:
+ *   row: Q_row, codes q [rows, ld_q] (columns cols .. ld_q - 1 of each row, up to the tile's
+ *        end, are zero codes) and scales s [ceil(cols / 128)][ld_s];
+ *   col: Q_col over blocks of 128 rows, codes qt [cols, ld_qt] (row c holds column c, every row
+ *        of the tile written, zeros past `rows`) and scales st [rows / 128 blocks][ld_st]. */
+typedef struct quant_args {
+  const int32_t *status;
+  const __nv_bfloat16 *src;
+  int rows, cols, ld_src;
+  const int32_t *live;
+  uint8_t *q;
+  float *s;
+  int ld_q, ld_s;
+  uint8_t *qt;
+  float *st;
+  int ld_qt, ld_st;
+} quant_args;
+cudaError_t quant_launch(const quant_args *a, cudaStream_t stream);
+/* Q_blk of bf16 weights w [E, N, K] into codes q [E, N, K], codes qt [E, K, N] and scales
+ * s [E][ceil(N / 128)][ceil(K / 128)]. */
+cudaError_t quant_weights_launch(const __nv_bfloat16 *w, int64_t E, int64_t N, int64_t K,
+                                 uint8_t *q, uint8_t *qt, float *s, cudaStream_t stream);
+/* qt [E, K, N] <- q [E, N, K] transposed (bytes). */
+cudaError_t transpose_u8_launch(const uint8_t *q, int64_t E, int64_t N, int64_t K, uint8_t *qt,
+                                cudaStream_t stream);
+
 /* ---- tensor maps (tma.cu) ------------------------------------------------------------------- */
 /* Looks up the driver's encoder; 0 on success. Called at context creation, outside any capture. */
 int tma_init(void);
@@ -164,6 +229,15 @@ int tma_map_2d(CUtensorMap *map, const void *base, int64_t rows, int64_t cols, i
 /* 3D map of row-major bf16 [batch, rows, cols], box [1][box_rows][64 cols], 128B swizzle. */
 int tma_map_3d(CUtensorMap *map, const void *base, int64_t batch, int64_t rows, int64_t cols,
                int box_rows);
+/* The same for e4m3 codes (bytes): boxes [box_rows][128 cols]; ld: bytes a row (>= cols, a
+ * multiple of 16). */
+int tma_map_2d_u8(CUtensorMap *map, const void *base, int64_t rows, int64_t cols, int64_t ld,
+                  int box_rows);
+int tma_map_3d_u8(CUtensorMap *map, const void *base, int64_t batch, int64_t rows, int64_t cols,
+                  int box_rows);
+/* Scales f32 [groups][ld] (ld a multiple of 4): boxes of `box` consecutive floats of one group,
+ * no swizzle. */
+int tma_map_scales(CUtensorMap *map, const float *base, int64_t groups, int64_t ld, int box);
 
 /* ---- schedule (schedule.cu) ----------------------------------------------------------------- */
 typedef struct sched_args {
@@ -245,6 +319,7 @@ cudaError_t router_grad_launch(const int32_t *status, int32_t *sticky, int slots
  * GEMMs by gemm_init). Without this, `mok run --ep R --backend cuda` timed out at the first
  * barrier on an H200; with it, it passes (docs/perf-log.md, 2026-12-02, fourth session). */
 cudaError_t ep_preload(void);
+cudaError_t quant_preload(void);
 cudaError_t rows_preload(void);
 cudaError_t schedule_preload(void);
 cudaError_t router_preload(void); /* router.cu */

@@ -19,7 +19,7 @@ static mok_status barrier_with(const call *c, int when, int32_t add) {
   return MOK_OK;
 }
 
-static mok_status barrier(const call *c, int when) { return barrier_with(c, when, 0); }
+mok_status barrier(const call *c, int when) { return barrier_with(c, when, 0); }
 
 /* Copies `bytes` of this rank's input into its symmetric buffer at `off` (ep > 1). */
 static mok_status publish(const call *c, size_t off, const void *src, size_t bytes) {
@@ -30,6 +30,7 @@ static mok_status publish(const call *c, size_t off, const void *src, size_t byt
 }
 
 static mok_status check_weights_device(const mok_weights *w) {
+  if (w->fp8) return check_device(w->fp8, "w.fp8"); /* MOK_FP8 (api.c has checked which) */
   TRY(check_device(w->w_gate, "w.w_gate"));
   TRY(check_device(w->w_up, "w.w_up"));
   TRY(check_device(w->w_down, "w.w_down"));
@@ -82,7 +83,7 @@ static mok_status schedule(const call *c, const mok_forward_args *a) {
 }
 
 /* The call's routed rows of src0 (and src1) into dst0 (dst1), from the saved schedule. */
-static dispatch_args dispatch_of(const call *c, const __nv_bfloat16 *src0, __nv_bfloat16 *dst0,
+dispatch_args dispatch_of(const call *c, const __nv_bfloat16 *src0, __nv_bfloat16 *dst0,
                                  const __nv_bfloat16 *src1, __nv_bfloat16 *dst1,
                                  int32_t *filled) {
   dispatch_args d;
@@ -109,7 +110,7 @@ static dispatch_args dispatch_of(const call *c, const __nv_bfloat16 *src0, __nv_
 }
 
 /* Each token's slot rows summed onto base (fp32 [T, H], or NULL) into out. */
-static combine_args combine_of(const call *c, const float *base, void *out) {
+combine_args combine_of(const call *c, const float *base, void *out) {
   combine_args m;
   m.status = status_of(c);
   m.T = c->T;
@@ -138,6 +139,7 @@ static mok_status forward_on_device(mok_workspace *ws, const mok_forward_args *a
   __nv_bfloat16 *xr = AT(c.scratch, c.L->xr, __nv_bfloat16);
   TRY(publish(&c, c.L->sym_x, a->x, (size_t)c.T * c.H * 2));
   TRY(schedule(&c, a));
+  if (ws->shape.precision == MOK_FP8) return forward8(&c, a, compute_y);
   /* The rest in one launch (layer_forward_launch): dispatch, gate/up, down, and combine where no
    * group barrier must come between down and combine. */
   layer_fwd set;
@@ -224,6 +226,7 @@ static mok_status backward_on_device(mok_workspace *ws, const mok_backward_args 
   TRY(publish(&c, c.L->sym_x, a->x, (size_t)c.T * c.H * 2));
   TRY(publish(&c, c.L->sym_dy, a->dy, (size_t)c.T * c.H * 2));
   TRY(barrier(&c, EP_OPEN));
+  if (ws->shape.precision == MOK_FP8) return backward8(&c, a);
   __nv_bfloat16 *xr = AT(c.scratch, c.L->xr, __nv_bfloat16);
   __nv_bfloat16 *dyr = AT(c.scratch, c.L->dyr, __nv_bfloat16);
   __nv_bfloat16 *dgu = AT(c.scratch, c.L->dgu, __nv_bfloat16);
@@ -290,12 +293,6 @@ static mok_status cuda_refuse(mok_workspace *ws, void *stream) {
                                    : cuda_fail(e, "status");
   device_leave(ws->ctx, &g);
   return st;
-}
-
-static mok_status cuda_fp8_weights(mok_workspace *ws, const mok_weights *w,
-                                   const mok_fp8_given *given, void *fp8, void *stream) {
-  (void)ws, (void)w, (void)given, (void)fp8, (void)stream;
-  return mok_fail(MOK_ERR_UNSUPPORTED, "the CUDA backend does not run MOK_FP8 yet");
 }
 
 /* (Positional: C++17 has no designated initializers; the order is mok_backend_ops'.) */

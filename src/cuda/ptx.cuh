@@ -105,6 +105,17 @@ MOK_DEV uint4 ld_shared_u4(const void *p) {
                : "memory");
   return v;
 }
+MOK_DEV float ld_shared_f32(const void *p) {
+  float v;
+  asm volatile("ld.shared.f32 %0, [%1];" : "=f"(v) : "r"(smem_u32(p)) : "memory");
+  return v;
+}
+MOK_DEV float2 ld_shared_f32x2(const void *p) {
+  float2 v;
+  asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "r"(smem_u32(p))
+               : "memory");
+  return v;
+}
 template <int N> MOK_DEV void cp_async_wait(void) {
   asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 }
@@ -295,5 +306,39 @@ MOK_WGMMA_M64N256K16(wgmma_256_kk, 0, 0)
 MOK_WGMMA_M64N256K16(wgmma_256_kt, 0, 1)
 MOK_WGMMA_M64N256K16(wgmma_256_tt, 1, 1)
 #undef MOK_WGMMA_M64N256K16
+
+/* D[64x128] = A[64x32] * B[32x128] (+ D when accumulate), e4m3 in, fp32 accumulate, A and B
+ * K-major in shared memory (8-bit wgmma takes no other layout). scale-d is a predicate: 0 gives
+ * D = A B without reading D (9.7.15.5.1). */
+MOK_DEV void wgmma_128_e4m3(float *d, uint64_t da, uint64_t db, int accumulate) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"
+      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"
+      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+      "%64, %65, p, 1, 1;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+          "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+          "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "l"(da), "l"(db), "r"(accumulate));
+}
+
+/* Two e4m3 codes, lo in the low byte: round to nearest even, saturating (9.7.8.21, cvt); the
+ * rule of mok_e4m3_encode (src/fp8.h). */
+MOK_DEV uint16_t cvt_e4m3x2(float lo, float hi) {
+  uint16_t r;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
+  return r;
+}
 
 #endif /* MOK_PTX_CUH */

@@ -9,6 +9,28 @@
 
 #include "cuda/backend.h"
 
+/* An expert kind's FP8 operands for R rows, K = H, inner size I (0: none). */
+static fp8_rows fp8_rows_of(size_t *c, int64_t R, int64_t H, int64_t I) {
+  fp8_rows f;
+  memset(&f, 0, sizeof f);
+  if (I == 0) return f;
+  const int64_t Hg = (H + 127) / 128, Ig = (I + 127) / 128, blocks = R / 128;
+  f.R = R;
+  f.x.q = mok_take(c, R * H);
+  f.x.s = mok_take(c, Hg * R * 4);
+  f.h.q = mok_take(c, R * 2 * Ig * 128);
+  f.h.s = mok_take(c, 2 * Ig * R * 4);
+  f.dyT.q = mok_take(c, H * R);
+  f.dyT.s = mok_take(c, blocks * H * 4);
+  f.xT.q = mok_take(c, H * R);
+  f.xT.s = mok_take(c, blocks * H * 4);
+  f.hT.q = mok_take(c, I * R);
+  f.hT.s = mok_take(c, blocks * I * 4);
+  f.dgT.q = mok_take(c, 2 * I * R);
+  f.dgT.s = mok_take(c, blocks * 2 * I * 4);
+  return f;
+}
+
 static scratch_layout scratch_layout_of(const mok_workspace *ws, int64_t rows_cap) {
   const mok_shape *s = &ws->shape;
   const int64_t T = s->max_tokens, slots = T * s->top_k;
@@ -40,6 +62,11 @@ static scratch_layout scratch_layout_of(const mok_workspace *ws, int64_t rows_ca
   L.dgu = mok_take(&c, rows_cap * 2 * s->inter * 2);
   L.dtw_part = mok_take(&c, slots * (s->inter / 64) * 4);
   L.dgus = mok_take(&c, T * 2 * s->shared_inter * 2);
+  memset(&L.f8, 0, sizeof L.f8);
+  if (s->precision == MOK_FP8) {
+    L.f8.routed = fp8_rows_of(&c, rows_cap, s->hidden, s->inter);
+    L.f8.shared = fp8_rows_of(&c, mok_round_up(T, 128), s->hidden, s->shared_inter);
+  }
   L.bytes = c;
   return L;
 }
@@ -53,8 +80,6 @@ static int in_nccl_group(const mok_workspace *ws) {
 
 mok_status cuda_workspace_init(mok_workspace *ws) {
   const mok_shape *s = &ws->shape;
-  if (s->precision == MOK_FP8)
-    return mok_fail(MOK_ERR_UNSUPPORTED, "the CUDA backend does not run MOK_FP8 yet");
   if (s->hidden % 64 || s->inter % 64 || s->shared_inter % 64)
     return mok_fail(MOK_ERR_UNSUPPORTED,
                     "CUDA backend: H (%lld), I (%lld) and I_s (%lld) must be multiples of 64",
