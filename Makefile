@@ -83,7 +83,7 @@ LIB_OBJ := $(patsubst %,$(BUILD)/%.o,$(basename $(LIB_SRC)))
 CHECK_OBJ := $(CHECK_SRC:%.c=$(BUILD)/%.o)
 # What the tests and the command link: both archives, the checking one first.
 LINK_CHECK := $(BUILD)/libmok_check.a $(BUILD)/libmok.a
-TEST_C  := $(wildcard tests/*.c)
+TEST_C  := $(filter-out tests/nccl_stub.c,$(wildcard tests/*.c))
 # The mok command: every tools/*.c but the README's example.
 TOOL_C  := $(filter-out tools/example.c,$(wildcard tools/*.c))
 GPU_SRC := $(wildcard tests/gpu/*.c tests/gpu/*.cu)
@@ -168,9 +168,19 @@ $(BUILD)/tests/gpu/%.o: tests/gpu/%.cu $(FLAGS_STAMP)
 $(BUILD)/test_gpu: $(GPU_OBJ) $(BUILD)/tests/harness.o $(LINK_CHECK)
 	$(CC) -o $@ $^ $(LDLIBS)
 
+# Stand-in NCCL libraries of an earlier and a later release than any headers mok takes, for
+# python/tests/test_nccl_load.py (which NCCL src/nccl.c accepts).
+NCCL_STUBS := $(if $(filter 1,$(WITH_CUDA)),$(BUILD)/nccl-stub/2.27.0/libnccl.so.2 \
+                $(BUILD)/nccl-stub/2.99.0/libnccl.so.2)
+$(BUILD)/nccl-stub/%/libnccl.so.2: tests/nccl_stub.c
+	@mkdir -p $(dir $@)
+	$(CC) -shared -fPIC $(WARN) -DSTUB_VERSION=$(shell echo $* | awk -F. '{print $$1 * 10000 + $$2 * 100 + $$3}') \
+	  -Wl,-soname,libnccl.so.2 -o $@ $<
+
 # make test: where nvcc is, also the GPU test binary (every kernel compiled for sm_90a), and a
 # build without the CUDA backend, whose tests run too (tests/no-cuda.sh).
-test: all $(BUILD)/test_mok $(BUILD)/example $(if $(filter 1,$(WITH_CUDA)),$(BUILD)/test_gpu)
+test: all $(BUILD)/test_mok $(BUILD)/example $(if $(filter 1,$(WITH_CUDA)),$(BUILD)/test_gpu) \
+      $(NCCL_STUBS)
 	./$(BUILD)/test_mok
 	./tests/cli.sh
 	MOK_LIB=$(BUILD)/libmok.so $(PYTHON) -m pytest -q python/tests

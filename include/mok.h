@@ -99,8 +99,9 @@ float mok_bf16_to_f32(uint16_t b);
 #define MOK_EP_MAX 64
 mok_status mok_ep_group_create_emulated(int ranks, int timeout_ms, mok_ep_group **out);
 
-/* One process per GPU: a group over an NCCL communicator (NCCL 2.28 or later, loaded from
- * libnccl.so.2 when the first such group is made; CUDA backend only). The group's size and this
+/* One process per GPU: a group over an NCCL communicator (CUDA backend only). NCCL is loaded as
+ * libnccl.so.2 when the first such group is made (in a process with torch: torch's); any release
+ * from that of the headers mok was built with (2.28 or later) on is taken. The group's size and this
  * process's rank are the communicator's; the context takes ep_rank = that rank, ep_size = that
  * size and device = the communicator's GPU. Making the workspace is collective (every rank, one
  * shape, at the same point): it registers the workspace as an NCCL symmetric window, and every

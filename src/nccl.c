@@ -72,14 +72,19 @@ static void load(void) {
     }
   }
   nccl.GetVersion(&version);
-  /* The device API is inline code over NCCL's private structs, compiled into mok's kernels from
-   * the headers: only the NCCL of those headers may run them (2.28.3's window under 2.28.9's
-   * headers faulted on an H200). */
-  if (version != NCCL_VERSION_CODE)
+  /* The device API is inline code over NCCL's window struct, compiled into mok's kernels from the
+   * headers: the NCCL loaded must lay out the fields mok reads (lsaFlatBase, lsaRank, worldRank,
+   * stride4G) as the headers do. Later releases have kept them in place (2.30.7's struct begins
+   * as 2.28.9's), and ep_table_from_window's mark check fails the workspace should a release move
+   * them to where they still read; an earlier release need not match (2.28.3's window under
+   * 2.28.9's headers faulted on an H200), so it is refused here. */
+  if (version < NCCL_VERSION_CODE)
     snprintf(load_error, sizeof load_error,
-             "libnccl.so.2 is NCCL %d but mok was built with the headers of NCCL %d (NCCL_INC); "
-             "build mok with the headers of the NCCL it loads, or put that NCCL's lib directory "
-             "first in LD_LIBRARY_PATH", version, NCCL_VERSION_CODE);
+             "libnccl.so.2 is NCCL %d.%d.%d; mok's NCCL groups need the NCCL of the headers mok was "
+             "built with (%d.%d.%d, NCCL_INC) or a later one: load a later NCCL (LD_LIBRARY_PATH, "
+             "or torch's nvidia-nccl wheel) or build mok with the headers of this one",
+             version / 10000, version / 100 % 100, version % 100, NCCL_MAJOR, NCCL_MINOR,
+             NCCL_PATCH);
 }
 
 static mok_status loaded(void) {

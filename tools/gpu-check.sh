@@ -25,11 +25,18 @@ mkdir -p "$out"
 export PYTHONUNBUFFERED=1 MOK_LIB=build/libmok.so
 # The device gets a copy of the tree without .git: the caller passes the commit in MOK_COMMIT.
 export MOK_COMMIT=${MOK_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
-# Where the CUDA toolkit has no NCCL headers, make takes them from torch's nvidia-nccl wheel; the
-# C tests then need that NCCL too (mok refuses one whose version differs from its headers').
+# NCCL: the C tests load the libnccl.so.2 the loader finds (the CUDA toolkit's or the system's),
+# the Python tests torch's (its nvidia-nccl wheel), which may be another release. Where both are
+# here, step nccl-torch runs the C NCCL group test again with torch's, so that two releases are
+# tested; where the loader finds none, every test takes torch's.
 wheel=$(python3 -c "import nvidia.nccl as n; print(n.__path__[0])" 2>/dev/null)
+torch_nccl=
 if [ -n "$wheel" ] && [ -e "$wheel/lib/libnccl.so.2" ]; then
-  export LD_LIBRARY_PATH=$wheel/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  if ldconfig -p 2>/dev/null | grep -q 'libnccl\.so\.2 '; then
+    torch_nccl=$wheel/lib
+  else
+    export LD_LIBRARY_PATH=$wheel/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  fi
 fi
 summary=()
 failed=0
@@ -49,6 +56,8 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --fo
 step build 600 make -j16 all build/test_gpu || { printf '%s\n' "${summary[@]}"; exit 1; }
 if [ "$what" = tests ] || [ "$what" = all ]; then
   step gpu-tests 420 ./build/test_gpu
+  [ -z "$torch_nccl" ] || step nccl-torch 120 \
+    env LD_LIBRARY_PATH="$torch_nccl${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" ./build/test_gpu gpu/nccl
   step py-tests 300 python3 -m pytest -q -x python/tests
 fi
 if [ "$what" = bench ] || [ "$what" = all ]; then

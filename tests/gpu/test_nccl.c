@@ -8,6 +8,7 @@
  */
 #include <dlfcn.h>
 #include <nccl.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "check.h"
@@ -48,6 +49,7 @@ static int step_in_group(mok_ep_group *group, gpu_layer *d, harness *got, const 
 typedef ncclResult_t (*get_id_fn)(ncclUniqueId *);
 typedef ncclResult_t (*init_fn)(ncclComm_t *, int, ncclUniqueId, int);
 typedef ncclResult_t (*destroy_fn)(ncclComm_t);
+typedef ncclResult_t (*version_fn)(int *);
 
 static void one_rank_same_bits(void) {
   harness h, one, got;
@@ -91,6 +93,11 @@ static void one_rank_same_bits(void) {
     void *lib = dlopen("libnccl.so.2", RTLD_NOW | RTLD_LOCAL);
     CHECK(lib != NULL, "dlopen libnccl.so.2: %s", dlerror());
     if (lib) {
+      /* Which NCCL this run tests (gpu-check.sh runs it with each it finds). */
+      int loaded = 0;
+      ((version_fn)dlsym(lib, "ncclGetVersion"))(&loaded);
+      printf("     NCCL %d.%d.%d loaded, mok built with the headers of %d.%d.%d\n", loaded / 10000,
+             loaded / 100 % 100, loaded % 100, NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH);
       get_id_fn get_id = (get_id_fn)dlsym(lib, "ncclGetUniqueId");
       init_fn init = (init_fn)dlsym(lib, "ncclCommInitRank");
       destroy_fn destroy = (destroy_fn)dlsym(lib, "ncclCommDestroy");
