@@ -8,6 +8,7 @@
 #include "bf16.h"
 #include "check.h"
 #include "device.h"
+#include "internal.h"
 
 static void *dev_copy(const void *host, size_t bytes) {
   void *p = NULL;
@@ -48,6 +49,13 @@ int gpu_init(gpu_layer *d, const harness *h, int64_t T, const mok_context_config
     d->g[i] = dev_copy(NULL, (size_t)h->g_len[i] * 4);
     ok = ok && d->w[i] && d->g[i];
   }
+  if (s->precision == MOK_FP8) { /* the FP8 weights, quantized on the GPU */
+    d->fp8 = dev_copy(NULL, mok_fp8_weights_bytes(d->ws));
+    mok_weights bw = {d->w[G_GATE], d->w[G_UP], d->w[G_DOWN], d->w[GS_GATE], d->w[GS_UP],
+                      d->w[GS_DOWN], NULL};
+    ok = ok && d->fp8;
+    if (ok) CHECK_OK(mok_quantize_weights(d->ws, &bw, d->fp8, 0));
+  }
   d->saved_bytes = mok_saved_bytes(d->ws, T);
   d->y = dev_copy(NULL, (size_t)(T * H) * 2);
   d->dx = dev_copy(NULL, (size_t)(T * H) * 2);
@@ -59,7 +67,7 @@ int gpu_init(gpu_layer *d, const harness *h, int64_t T, const mok_context_config
 }
 
 void gpu_fini(gpu_layer *d) {
-  void *all[] = {d->x, d->dy, d->ids, d->tw, d->y, d->dx, d->dtw, d->saved};
+  void *all[] = {d->x, d->dy, d->ids, d->tw, d->y, d->dx, d->dtw, d->saved, d->fp8};
   for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) cudaFree(all[i]);
   for (int i = 0; i < G_COUNT; i++) {
     cudaFree(d->w[i]);
@@ -79,7 +87,8 @@ mok_forward_args gpu_forward_args(const gpu_layer *d) {
   a.topk_weights = (const float *)d->tw;
   mok_weights w = {d->w[G_GATE], d->w[G_UP], d->w[G_DOWN], d->w[GS_GATE], d->w[GS_UP],
                    d->w[GS_DOWN], NULL};
-  a.w = w;
+  mok_weights w8 = {NULL, NULL, NULL, NULL, NULL, NULL, d->fp8};
+  a.w = d->fp8 ? w8 : w; /* MOK_FP8 reads the FP8 buffer alone */
   a.y = d->y;
   a.saved = d->saved;
   return a;
@@ -194,3 +203,146 @@ size_t nan_count_bf16(const uint16_t *p, size_t n) {
   for (size_t i = 0; i < n; i++) c += isnan(bf16_to_f32(p[i]));
   return c;
 }
+
+/* ---- the layer's comparisons, shared by the GPU test files ---------------------------------- */
+mok_shape shape_of(int64_t T, int64_t H, int64_t I, int64_t Is, int E, int k) {
+  mok_shape s = MOK_SHAPE_INIT;
+  s.max_tokens = T;
+  s.hidden = H;
+  s.inter = I;
+  s.shared_inter = Is;
+  s.experts = E;
+  s.top_k = k;
+  return s;
+}
+
+
+/* Deterministic fp32 starting values for accumulate-mode gradients. */
+void fill_grads(harness *h) {
+  for (int i = 0; i < G_COUNT; i++)
+    for (int64_t j = 0; j < h->g_len[i]; j++)
+      ((float *)h->g[i])[j] = (float)((j * 2654435761u) % 2001) * 1e-4f - 0.1f;
+}
+
+int64_t grad_bytes(const harness *h, int i, mok_grad_mode mode) {
+  return h->g_len[i] * (mode == MOK_GRAD_ACCUMULATE_F32 ? 4 : 2);
+}
+
+
+const char *grad_name[G_COUNT] = {"dw_gate", "dw_up", "dw_down",
+                                         "dws_gate", "dws_up", "dws_down"};
+
+
+/* Every output of `out` (GPU) against `ref` (CPU) by relative error, plus NaN checks. */
+void compare_outputs(const char *tag, const harness *out, const harness *ref,
+                            mok_grad_mode mode) {
+  const mok_shape *s = &ref->L.shape;
+  const size_t TH = (size_t)(ref->T * s->hidden), Tk = (size_t)(ref->T * s->top_k);
+  double e;
+  CHECK(nan_count_bf16(out->y, TH) == 0, "%s: y has %zu unwritten/NaN", tag,
+        nan_count_bf16(out->y, TH));
+  CHECK((e = rel_err_bf16(out->y, ref->y, TH)) < GPU_TOL, "%s: y rel err %.3g", tag, e);
+  CHECK((e = rel_err_bf16(out->dx, ref->dx, TH)) < GPU_TOL, "%s: dx rel err %.3g", tag, e);
+  CHECK((e = rel_err_f32(out->dtw, ref->dtw, Tk)) < GPU_TOL, "%s: d_topk_weights rel err %.3g", tag,
+        e);
+  for (int i = 0; i < G_COUNT; i++) {
+    if (!ref->g_len[i]) continue;
+    size_t n = (size_t)ref->g_len[i];
+    e = mode == MOK_GRAD_ACCUMULATE_F32 ? rel_err_f32(out->g[i], ref->g[i], n)
+                                        : rel_err_bf16(out->g[i], ref->g[i], n);
+    CHECK(e < GPU_TOL, "%s: %s rel err %.3g", tag, grad_name[i], e);
+  }
+  /* The saved activations: gu, hw and the shared expert's gus. */
+  mok_saved_layout S = mok_saved_layout_of(ref->ws, ref->T);
+  const int32_t *off = (const int32_t *)((const char *)ref->saved + S.offsets);
+  size_t rows = (size_t)off[ref->ws->experts_local];
+  const char *a = out->saved, *b = ref->saved;
+  CHECK((e = rel_err_bf16((const uint16_t *)(a + S.gu), (const uint16_t *)(b + S.gu),
+                          rows * 2 * s->inter)) < GPU_TOL, "%s: saved gu rel err %.3g", tag, e);
+  CHECK((e = rel_err_bf16((const uint16_t *)(a + S.hw), (const uint16_t *)(b + S.hw),
+                          rows * s->inter)) < GPU_TOL, "%s: saved hw rel err %.3g", tag, e);
+  if (s->shared_inter) {
+    CHECK((e = rel_err_bf16((const uint16_t *)(a + S.gus), (const uint16_t *)(b + S.gus),
+                            TH / s->hidden * 2 * s->shared_inter)) < GPU_TOL,
+          "%s: saved gus rel err %.3g", tag, e);
+  }
+}
+
+
+/* The schedule fields of two saved buffers are identical (integers and copied weights). */
+void compare_schedule(const char *tag, const harness *out, const harness *ref) {
+  mok_saved_layout S = mok_saved_layout_of(ref->ws, ref->T);
+  const char *a = out->saved, *b = ref->saved;
+  char what[160];
+  int64_t E = ref->ws->experts_local;
+  snprintf(what, sizeof what, "%s: header", tag); /* identity and sums: the CPU's words */
+  same_bits(what, a + S.status, b + S.status, MOK_STATUS_WORDS * 4);
+  snprintf(what, sizeof what, "%s: counts", tag);
+  same_bits(what, a + S.counts, b + S.counts, (size_t)E * 4);
+  snprintf(what, sizeof what, "%s: offsets", tag);
+  same_bits(what, a + S.offsets, b + S.offsets, (size_t)(E + 1) * 4);
+  snprintf(what, sizeof what, "%s: row_src", tag);
+  same_bits(what, a + S.row_src, b + S.row_src, (size_t)S.rows_cap * 4);
+  snprintf(what, sizeof what, "%s: row_weight", tag);
+  same_bits(what, a + S.row_weight, b + S.row_weight, (size_t)S.rows_cap * 4);
+  snprintf(what, sizeof what, "%s: slot_row", tag);
+  same_bits(what, a + S.slot_row, b + S.slot_row, (size_t)ref->T * ref->ws->shape.top_k * 4);
+  snprintf(what, sizeof what, "%s: mblock_expert", tag);
+  same_bits(what, a + S.mblock_expert, b + S.mblock_expert, (size_t)S.rows_cap / 128 * 4);
+}
+
+
+/* Outputs of two runs are the same to the bit (y, dx, d_topk_weights, gradients). */
+void compare_bits(const char *tag, const harness *a, const harness *b, mok_grad_mode mode) {
+  const mok_shape *s = &a->L.shape;
+  char what[160];
+  snprintf(what, sizeof what, "%s: y", tag);
+  same_bits(what, a->y, b->y, (size_t)(a->T * s->hidden) * 2);
+  snprintf(what, sizeof what, "%s: dx", tag);
+  same_bits(what, a->dx, b->dx, (size_t)(a->T * s->hidden) * 2);
+  snprintf(what, sizeof what, "%s: d_topk_weights", tag);
+  same_bits(what, a->dtw, b->dtw, (size_t)(a->T * s->top_k) * 4);
+  for (int i = 0; i < G_COUNT; i++) {
+    if (!a->g_len[i]) continue;
+    snprintf(what, sizeof what, "%s: %s", tag, grad_name[i]);
+    same_bits(what, a->g[i], b->g[i], (size_t)grad_bytes(a, i, mode));
+  }
+}
+
+
+/* Runs the layer on the CPU (into ref) and the GPU (into out), both from poisoned outputs.
+ * Returns 0, after recording the failure, when the GPU layer could not be set up: then there is
+ * nothing to compare (ref's poisoned offsets are no row count). */
+int run_both(harness *ref, harness *out, mok_grad_mode mode,
+                    const mok_context_config *knobs) {
+  gpu_layer d;
+  if (!gpu_init(&d, ref, ref->T, knobs)) {
+    gpu_fini(&d);
+    return 0;
+  }
+  harness_poison(ref, 0xff);
+  if (mode == MOK_GRAD_ACCUMULATE_F32) fill_grads(ref);
+  gpu_poison(&d, 0xff);
+  if (mode == MOK_GRAD_ACCUMULATE_F32) gpu_set_grads(&d, ref);
+  CHECK_OK(harness_run(ref, mode));
+  CHECK_OK(gpu_run(&d, mode, 0));
+  gpu_fetch(&d, out);
+  CHECK_OK(mok_check(d.ws, 0));
+  gpu_fini(&d);
+  return 1;
+}
+
+
+/* Runs the GPU layer on h's inputs with the tuning knobs of `knobs` (NULL: defaults) into `out`. */
+void gpu_once(harness *h, harness *out, const mok_context_config *knobs,
+                     mok_grad_mode mode) {
+  gpu_layer d;
+  if (gpu_init(&d, h, h->T, knobs)) {
+    gpu_poison(&d, 0xff);
+    if (mode == MOK_GRAD_ACCUMULATE_F32) gpu_set_grads(&d, h);
+    CHECK_OK(gpu_run(&d, mode, 0));
+    gpu_fetch(&d, out);
+  }
+  gpu_fini(&d);
+}
+

@@ -19,6 +19,7 @@ typedef struct gpu_layer {
   void *w[G_COUNT];             /* weights, in the order of the gradients */
   void *y, *dx, *dtw, *saved;   /* outputs */
   void *g[G_COUNT];             /* gradients, room for fp32 */
+  void *fp8;                    /* MOK_FP8: the weights' FP8 buffer, quantized by the GPU */
   size_t saved_bytes;
 } gpu_layer;
 
@@ -51,6 +52,26 @@ double rel_err_bf16(const uint16_t *out, const uint16_t *ref, size_t n);
 double rel_err_f32(const float *out, const float *ref, size_t n);
 /* Counts NaNs (unwritten poisoned elements show as NaN). */
 size_t nan_count_bf16(const uint16_t *p, size_t n);
+
+/* ---- the layer's comparisons (device.c) ------------------------------------------------------ */
+#define GPU_TOL 1e-2 /* bf16-level: accumulation order may flip a rounding, a bug moves O(1) */
+mok_shape shape_of(int64_t T, int64_t H, int64_t I, int64_t Is, int E, int k);
+/* Deterministic fp32 starting values for accumulate-mode gradients. */
+void fill_grads(harness *h);
+int64_t grad_bytes(const harness *h, int i, mok_grad_mode mode);
+extern const char *grad_name[G_COUNT];
+/* Every output and saved activation of `out` (GPU) against `ref` (CPU): relative error below
+ * GPU_TOL, no NaN in y. */
+void compare_outputs(const char *tag, const harness *out, const harness *ref, mok_grad_mode mode);
+/* The schedule fields of two saved buffers are identical. */
+void compare_schedule(const char *tag, const harness *out, const harness *ref);
+/* y, dx, d_topk_weights and the gradients of two runs are the same to the bit. */
+void compare_bits(const char *tag, const harness *a, const harness *b, mok_grad_mode mode);
+/* The layer on the CPU (into ref) and the GPU (into out), both from poisoned outputs; 0 after
+ * recording the failure when the GPU layer could not be set up. */
+int run_both(harness *ref, harness *out, mok_grad_mode mode, const mok_context_config *knobs);
+/* The GPU layer on h's inputs with the knobs of `knobs` (NULL: defaults) into `out`. */
+void gpu_once(harness *h, harness *out, const mok_context_config *knobs, mok_grad_mode mode);
 
 #define CUDA_CHECK(expr)                                                                   \
   do {                                                                                     \

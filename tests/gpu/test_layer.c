@@ -15,128 +15,7 @@
 #include "device.h"
 #include "internal.h"
 
-#define TOL 1e-2 /* bf16-level: accumulation order may flip a rounding, a bug moves O(1) */
-
-static mok_shape shape_of(int64_t T, int64_t H, int64_t I, int64_t Is, int E, int k) {
-  mok_shape s = MOK_SHAPE_INIT;
-  s.max_tokens = T;
-  s.hidden = H;
-  s.inter = I;
-  s.shared_inter = Is;
-  s.experts = E;
-  s.top_k = k;
-  return s;
-}
-
-/* Deterministic fp32 starting values for accumulate-mode gradients. */
-static void fill_grads(harness *h) {
-  for (int i = 0; i < G_COUNT; i++)
-    for (int64_t j = 0; j < h->g_len[i]; j++)
-      ((float *)h->g[i])[j] = (float)((j * 2654435761u) % 2001) * 1e-4f - 0.1f;
-}
-
-static int64_t grad_bytes(const harness *h, int i, mok_grad_mode mode) {
-  return h->g_len[i] * (mode == MOK_GRAD_ACCUMULATE_F32 ? 4 : 2);
-}
-
-static const char *grad_name[G_COUNT] = {"dw_gate", "dw_up", "dw_down",
-                                         "dws_gate", "dws_up", "dws_down"};
-
-/* Every output of `out` (GPU) against `ref` (CPU) by relative error, plus NaN checks. */
-static void compare_outputs(const char *tag, const harness *out, const harness *ref,
-                            mok_grad_mode mode) {
-  const mok_shape *s = &ref->L.shape;
-  const size_t TH = (size_t)(ref->T * s->hidden), Tk = (size_t)(ref->T * s->top_k);
-  double e;
-  CHECK(nan_count_bf16(out->y, TH) == 0, "%s: y has %zu unwritten/NaN", tag,
-        nan_count_bf16(out->y, TH));
-  CHECK((e = rel_err_bf16(out->y, ref->y, TH)) < TOL, "%s: y rel err %.3g", tag, e);
-  CHECK((e = rel_err_bf16(out->dx, ref->dx, TH)) < TOL, "%s: dx rel err %.3g", tag, e);
-  CHECK((e = rel_err_f32(out->dtw, ref->dtw, Tk)) < TOL, "%s: d_topk_weights rel err %.3g", tag,
-        e);
-  for (int i = 0; i < G_COUNT; i++) {
-    if (!ref->g_len[i]) continue;
-    size_t n = (size_t)ref->g_len[i];
-    e = mode == MOK_GRAD_ACCUMULATE_F32 ? rel_err_f32(out->g[i], ref->g[i], n)
-                                        : rel_err_bf16(out->g[i], ref->g[i], n);
-    CHECK(e < TOL, "%s: %s rel err %.3g", tag, grad_name[i], e);
-  }
-  /* The saved activations: gu, hw and the shared expert's gus. */
-  mok_saved_layout S = mok_saved_layout_of(ref->ws, ref->T);
-  const int32_t *off = (const int32_t *)((const char *)ref->saved + S.offsets);
-  size_t rows = (size_t)off[ref->ws->experts_local];
-  const char *a = out->saved, *b = ref->saved;
-  CHECK((e = rel_err_bf16((const uint16_t *)(a + S.gu), (const uint16_t *)(b + S.gu),
-                          rows * 2 * s->inter)) < TOL, "%s: saved gu rel err %.3g", tag, e);
-  CHECK((e = rel_err_bf16((const uint16_t *)(a + S.hw), (const uint16_t *)(b + S.hw),
-                          rows * s->inter)) < TOL, "%s: saved hw rel err %.3g", tag, e);
-  if (s->shared_inter) {
-    CHECK((e = rel_err_bf16((const uint16_t *)(a + S.gus), (const uint16_t *)(b + S.gus),
-                            TH / s->hidden * 2 * s->shared_inter)) < TOL,
-          "%s: saved gus rel err %.3g", tag, e);
-  }
-}
-
-/* The schedule fields of two saved buffers are identical (integers and copied weights). */
-static void compare_schedule(const char *tag, const harness *out, const harness *ref) {
-  mok_saved_layout S = mok_saved_layout_of(ref->ws, ref->T);
-  const char *a = out->saved, *b = ref->saved;
-  char what[160];
-  int64_t E = ref->ws->experts_local;
-  snprintf(what, sizeof what, "%s: header", tag); /* identity and sums: the CPU's words */
-  same_bits(what, a + S.status, b + S.status, MOK_STATUS_WORDS * 4);
-  snprintf(what, sizeof what, "%s: counts", tag);
-  same_bits(what, a + S.counts, b + S.counts, (size_t)E * 4);
-  snprintf(what, sizeof what, "%s: offsets", tag);
-  same_bits(what, a + S.offsets, b + S.offsets, (size_t)(E + 1) * 4);
-  snprintf(what, sizeof what, "%s: row_src", tag);
-  same_bits(what, a + S.row_src, b + S.row_src, (size_t)S.rows_cap * 4);
-  snprintf(what, sizeof what, "%s: row_weight", tag);
-  same_bits(what, a + S.row_weight, b + S.row_weight, (size_t)S.rows_cap * 4);
-  snprintf(what, sizeof what, "%s: slot_row", tag);
-  same_bits(what, a + S.slot_row, b + S.slot_row, (size_t)ref->T * ref->ws->shape.top_k * 4);
-  snprintf(what, sizeof what, "%s: mblock_expert", tag);
-  same_bits(what, a + S.mblock_expert, b + S.mblock_expert, (size_t)S.rows_cap / 128 * 4);
-}
-
-/* Outputs of two runs are the same to the bit (y, dx, d_topk_weights, gradients). */
-static void compare_bits(const char *tag, const harness *a, const harness *b, mok_grad_mode mode) {
-  const mok_shape *s = &a->L.shape;
-  char what[160];
-  snprintf(what, sizeof what, "%s: y", tag);
-  same_bits(what, a->y, b->y, (size_t)(a->T * s->hidden) * 2);
-  snprintf(what, sizeof what, "%s: dx", tag);
-  same_bits(what, a->dx, b->dx, (size_t)(a->T * s->hidden) * 2);
-  snprintf(what, sizeof what, "%s: d_topk_weights", tag);
-  same_bits(what, a->dtw, b->dtw, (size_t)(a->T * s->top_k) * 4);
-  for (int i = 0; i < G_COUNT; i++) {
-    if (!a->g_len[i]) continue;
-    snprintf(what, sizeof what, "%s: %s", tag, grad_name[i]);
-    same_bits(what, a->g[i], b->g[i], (size_t)grad_bytes(a, i, mode));
-  }
-}
-
-/* Runs the layer on the CPU (into ref) and the GPU (into out), both from poisoned outputs.
- * Returns 0, after recording the failure, when the GPU layer could not be set up: then there is
- * nothing to compare (ref's poisoned offsets are no row count). */
-static int run_both(harness *ref, harness *out, mok_grad_mode mode,
-                    const mok_context_config *knobs) {
-  gpu_layer d;
-  if (!gpu_init(&d, ref, ref->T, knobs)) {
-    gpu_fini(&d);
-    return 0;
-  }
-  harness_poison(ref, 0xff);
-  if (mode == MOK_GRAD_ACCUMULATE_F32) fill_grads(ref);
-  gpu_poison(&d, 0xff);
-  if (mode == MOK_GRAD_ACCUMULATE_F32) gpu_set_grads(&d, ref);
-  CHECK_OK(harness_run(ref, mode));
-  CHECK_OK(gpu_run(&d, mode, 0));
-  gpu_fetch(&d, out);
-  CHECK_OK(mok_check(d.ws, 0));
-  gpu_fini(&d);
-  return 1;
-}
+#define TOL GPU_TOL
 
 typedef struct small_case {
   int64_t T, H, I, Is;
@@ -288,19 +167,6 @@ static void design_shapes_vs_ref64(void) {
     }
     harness_fini(&out);
   }
-}
-
-/* Runs the GPU layer on h's inputs with the tuning knobs of `knobs` (NULL: defaults) into `out`. */
-static void gpu_once(harness *h, harness *out, const mok_context_config *knobs,
-                     mok_grad_mode mode) {
-  gpu_layer d;
-  if (gpu_init(&d, h, h->T, knobs)) {
-    gpu_poison(&d, 0xff);
-    if (mode == MOK_GRAD_ACCUMULATE_F32) gpu_set_grads(&d, h);
-    CHECK_OK(gpu_run(&d, mode, 0));
-    gpu_fetch(&d, out);
-  }
-  gpu_fini(&d);
 }
 
 /* D1: three runs give the same bits; D2: so does every grid size and cluster shape. About 130
