@@ -417,8 +417,9 @@ mok_status mok_backward(mok_workspace *ws, const mok_backward_args *a, void *str
 static mok_status fail_for_bits(const mok_workspace *ws, int32_t bits) {
   if (bits & MOK_DEVERR_EXPERT_ID)
     return mok_fail(MOK_ERR_EXPERT_ID,
-                    "a call saw an expert id outside 0..E-1 (E = %d) in topk_ids; its outputs "
-                    "were left untouched",
+                    "a call saw an expert id outside 0..E-1 (E = %d) in topk_ids (padding "
+                    "slots, id -1, are not supported: give them any expert id and weight 0); its "
+                    "outputs were left untouched",
                     ws->shape.experts);
   if (bits & MOK_DEVERR_CAPACITY)
     return mok_fail(MOK_ERR_CAPACITY,

@@ -249,6 +249,8 @@ static void bad_expert_id(void) {
         snprintf(want, sizeof want, "token 3, slot 1) is %d", bad_ids[b]);
         CHECK(strstr(mok_last_error(), want) != NULL, "message '%s' does not name '%s'",
               mok_last_error(), want);
+        CHECK((bad_ids[b] < 0) == (strstr(mok_last_error(), "padding slots") != NULL),
+              "message '%s' (id %d) and padding slots", mok_last_error(), bad_ids[b]);
         const char *t = touched_output(&h, POISON, 0);
         CHECK(t == NULL, "op %d: %s was written", op, t);
         CHECK(status_word(&h) == MOK_DEVERR_EXPERT_ID,

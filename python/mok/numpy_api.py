@@ -16,7 +16,7 @@ import numpy as np
 
 from . import core
 from ._lib import SAVED_ALIGN, MokError
-from .validate import WEIGHTS, layer_dims
+from .validate import WEIGHTS, expert_ids_error, layer_dims
 
 Grads = namedtuple("Grads", "dx d_topk_weights " + " ".join("d" + n for n in WEIGHTS))
 
@@ -55,8 +55,7 @@ def _inputs(where, x, topk_ids, topk_weights, weights, dy=None, check_ids=True, 
     t, dims = layer_dims(where, **shapes, ep=ep)
     ids = arrs["topk_ids"]
     if check_ids and ids.size and (ids.min() < 0 or ids.max() >= dims.experts):
-        raise ValueError(f"{where}: topk_ids has values in {ids.min()}..{ids.max()}; expected "
-                         f"0..E-1 (E = {dims.experts})")
+        raise expert_ids_error(where, int(ids.min()), int(ids.max()), dims.experts)
     return t, dims, arrs
 
 

@@ -20,7 +20,7 @@ from torch import Tensor
 
 from . import core
 from ._lib import SAVED_ALIGN, TENSOR_ALIGN
-from .validate import WEIGHTS, layer_dims
+from .validate import WEIGHTS, expert_ids_error, layer_dims
 
 _debug = os.environ.get("MOK_DEBUG", "0") not in ("", "0")
 
@@ -81,8 +81,7 @@ def _check_ids(where, ids, experts):
         return
     lo, hi = int(ids.min()), int(ids.max())
     if lo < 0 or hi >= experts:
-        raise ValueError(f"{where}: topk_ids has values in {lo}..{hi}; expected 0..E-1 "
-                         f"(E = {experts})")
+        raise expert_ids_error(where, lo, hi, experts)
 
 
 def _aligned_addr(saved):
@@ -264,6 +263,78 @@ def _backward_op(dy: Tensor, x: Tensor, topk_ids: Tensor, topk_weights: Tensor, 
     return out
 
 
+_MAIN = ("m_gate", "m_up", "m_down", "ms_gate", "ms_up", "ms_down")  # one per WEIGHTS
+
+
+@torch.library.custom_op("mok::backward_main_grad", mutates_args=_MAIN)
+def _backward_main_grad_op(dy: Tensor, x: Tensor, topk_ids: Tensor, topk_weights: Tensor,
+                           w_gate: Tensor, w_up: Tensor, w_down: Tensor, ws_gate: Optional[Tensor],
+                           ws_up: Optional[Tensor], ws_down: Optional[Tensor], saved: Tensor,
+                           m_gate: Tensor, m_up: Tensor, m_down: Tensor, ms_gate: Optional[Tensor],
+                           ms_up: Optional[Tensor], ms_down: Optional[Tensor],
+                           group: int = 0) -> list[Tensor]:
+    """mok::backward with MOK_GRAD_ACCUMULATE_F32: adds the weight gradients to the main grads m*
+    (fp32, one per weight, None with the weight) and returns [dx, d_topk_weights]."""
+    where = "mok.moe backward"
+    weights = (w_gate, w_up, w_down, ws_gate, ws_up, ws_down)
+    main_grads = [m for m in (m_gate, m_up, m_down, ms_gate, ms_up, ms_down) if m is not None]
+    ten = _named(x, topk_ids, topk_weights, weights, dy)
+    t, dims = _check(where, ten, real=True, ep=_ep(group))
+    _check_main_grads(where, main_grads, weights, real=True)
+    out = _grad_outputs(dy, dims, t, _ep(group))[:2]
+    dev = x.device
+    g = _rank_group(group, dev, where)
+    if t == 0:
+        return out
+    backend, index = _where(dev)
+    with _Device(dev):
+        ws = core.workspace(dims, t, backend, index, group=g)
+        need = _saved_len(ws, t)
+        if saved.dtype != torch.uint8 or saved.device != dev or saved.numel() < need:
+            raise ValueError(f"{where}: saved must be the uint8 tensor of {need} bytes on {dev} "
+                             f"that mok::forward returned")
+        stream = _stream(dev)
+        mg = list(main_grads) + [None] * (6 - len(main_grads))
+        ws.backward(t, x.data_ptr(), topk_ids.data_ptr(), topk_weights.data_ptr(),
+                    [_ptr(ten[n]) for n in WEIGHTS], _aligned_addr(saved), dy.data_ptr(),
+                    out[0].data_ptr(), out[1].data_ptr(), [_ptr(m) for m in mg], "f32", stream)
+        if _debug and backend == "cuda" and not _capturing(dev):
+            ws.check(stream)
+    return out
+
+
+@_backward_main_grad_op.register_fake
+def _backward_main_grad_fake(dy, x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up,
+                             ws_down, saved, m_gate, m_up, m_down, ms_gate, ms_up, ms_down,
+                             group=0):
+    weights = (w_gate, w_up, w_down, ws_gate, ws_up, ws_down)
+    main_grads = [m for m in (m_gate, m_up, m_down, ms_gate, ms_up, ms_down) if m is not None]
+    ten = _named(x, topk_ids, topk_weights, weights, dy)
+    t, dims = _check("mok.moe backward", ten, real=False, ep=_ep(group))
+    _check_main_grads("mok.moe backward", main_grads, weights, real=False)
+    return _grad_outputs(dy, dims, t, _ep(group))[:2]
+
+
+def _check_main_grads(where, main_grads, weights, real):
+    """main_grads: an fp32 tensor shaped like each weight given (three, or six with the shared
+    expert), on the weights' device, contiguous (and, real, 16-byte aligned)."""
+    given = [w for w in weights if w is not None]
+    if len(main_grads) != len(given):
+        raise ValueError(f"{where}: main_grads has {len(main_grads)} tensors; expected one per "
+                         f"weight ({len(given)}: {', '.join(WEIGHTS[:len(given)])})")
+    for name, m, w in zip(WEIGHTS, main_grads, given):
+        if not isinstance(m, Tensor) or m.dtype != torch.float32:
+            raise TypeError(f"{where}: the main grad of {name} is "
+                            f"{getattr(m, 'dtype', type(m).__name__)}; expected torch.float32")
+        if m.shape != w.shape or m.device != w.device or not m.is_contiguous():
+            raise ValueError(f"{where}: the main grad of {name} is {tuple(m.shape)} on {m.device}"
+                             f"{'' if m.is_contiguous() else ', not contiguous'}; expected "
+                             f"{tuple(w.shape)} on {w.device}, contiguous")
+        if real and m.numel() and m.data_ptr() % TENSOR_ALIGN:
+            raise ValueError(f"{where}: the main grad of {name} is not {TENSOR_ALIGN}-byte "
+                             f"aligned")
+
+
 def _grad_outputs(dy, dims, t, ep=1):
     h, i, i_s, e = dims.hidden, dims.inter, dims.shared_inter, dims.experts // ep
     bf = dict(dtype=torch.bfloat16)
@@ -282,41 +353,67 @@ def _backward_fake(dy, x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate,
 
 
 # ---- autograd -----------------------------------------------------------------------------------
-def _setup_context(ctx, inputs, output):
-    x, ids, tw, wg, wu, wd, wsg, wsu, wsd, _max_tokens, group = inputs
-    ctx.has_shared, ctx.group = wsg is not None, group
-    ctx.save_for_backward(x, ids, tw, wg, wu, wd, wsg, wsu, wsd, output[1])
-    # Gradients of outputs that have none stay None. By default autograd would hand backward a
-    # tensor of zeros the size of `saved` for that uint8 output: as much memory again as saved
-    # itself, at the backward's peak.
-    ctx.set_materialize_grads(False)
+class _MoE(torch.autograd.Function):
+    """mok.moe's autograd through the custom ops. forward, setup_context and backward apart, so
+    that torch.func's transforms (grad, vjp) take it as well as autograd and torch.compile. With
+    main_grads, backward adds the weight gradients to them (fp32) and gives the weights none."""
 
+    @staticmethod
+    def forward(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down,
+                max_tokens, group, main_grads):
+        return torch.ops.mok.forward(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate,
+                                     ws_up, ws_down, max_tokens, group)
 
-def _backward_formula(ctx, dy, _dsaved):
-    x, ids, tw, wg, wu, wd, wsg, wsu, wsd, saved = ctx.saved_tensors
-    if dy is None:  # y does not reach what is differentiated
-        if not ctx.group:
-            return (None,) * 11  # no gradient for any input
-        dy = torch.zeros_like(x)  # an EP rank still takes part in the group's backward
-    g = torch.ops.mok.backward(dy.contiguous(), x, ids, tw, wg, wu, wd, wsg, wsu, wsd, saved,
-                               ctx.group)
-    shared = tuple(g[5:]) if ctx.has_shared else (None, None, None)
-    return (g[0], None, g[1], g[2], g[3], g[4], *shared, None, None)
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        x, ids, tw, wg, wu, wd, wsg, wsu, wsd, _max_tokens, group, main_grads = inputs
+        ctx.has_shared, ctx.group = wsg is not None, group
+        ctx.main_grad = main_grads is not None
+        ctx.save_for_backward(x, ids, tw, wg, wu, wd, wsg, wsu, wsd, output[1],
+                              *(main_grads or ()))
+        ctx.mark_non_differentiable(output[1])
+        # Gradients of outputs that have none stay None. By default autograd would hand backward
+        # a tensor of zeros the size of `saved` for that uint8 output: as much memory again as
+        # saved itself, at the backward's peak.
+        ctx.set_materialize_grads(False)
 
-
-torch.library.register_autograd("mok::forward", _backward_formula, setup_context=_setup_context)
+    @staticmethod
+    def backward(ctx, dy, _dsaved):
+        x, ids, tw, wg, wu, wd, wsg, wsu, wsd, saved, *main_grads = ctx.saved_tensors
+        if dy is None:  # y does not reach what is differentiated
+            if not ctx.group:
+                return (None,) * 12  # no gradient for any input
+            dy = torch.zeros_like(x)  # an EP rank still takes part in the group's backward
+        args = (dy.contiguous(), x, ids, tw, wg, wu, wd, wsg, wsu, wsd, saved)
+        # The gradients are not differentiable again (under torch.func.grad the backward's inputs
+        # track gradients of their own).
+        with torch.no_grad():
+            if ctx.main_grad:
+                mg = main_grads + [None] * (6 - len(main_grads))
+                dx, dtw = torch.ops.mok.backward_main_grad(*args, *mg, ctx.group)
+                return (dx, None, dtw) + (None,) * 9
+            g = torch.ops.mok.backward(*args, ctx.group)
+        shared = tuple(g[5:]) if ctx.has_shared else (None, None, None)
+        return (g[0], None, g[1], g[2], g[3], g[4], *shared, None, None, None)
 
 
 # ---- the public API -----------------------------------------------------------------------------
 def moe(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate=None, ws_up=None, ws_down=None,
-        *, max_tokens=None, group=None):
+        *, max_tokens=None, group=None, main_grads=None):
     """y = shared(x) + sum_j topk_weights[:, j] * expert_{topk_ids[:, j]}(x) (DESIGN.md §1).
 
-    x [T, H] bf16; topk_ids [T, k] int32 or int64 (global expert ids); topk_weights [T, k] fp32;
-    w_gate, w_up [E, I, H], w_down [E, H, I] bf16; optional shared expert ws_gate, ws_up [I_s, H],
-    ws_down [H, I_s] bf16. All contiguous, on one device. Differentiable in x, topk_weights and
-    every weight (bf16 weight grads). `max_tokens` sizes the cached workspace up front (e.g.
-    before capturing a CUDA graph; a workspace grows, i.e. allocates, when T exceeds it).
+    x [T, H] bf16; topk_ids [T, k] int32 or int64 (global expert ids, each in 0..E-1: padding
+    slots, id -1, are refused); topk_weights [T, k] fp32 or bf16 (taken as fp32); w_gate, w_up
+    [E, I, H], w_down [E, H, I] bf16; optional shared expert ws_gate, ws_up [I_s, H], ws_down
+    [H, I_s] bf16. All contiguous, on one device. Differentiable in x, topk_weights and every
+    weight (bf16 weight grads), also under torch.func.grad and vjp. `max_tokens` sizes the cached
+    workspace up front (e.g. before capturing a CUDA graph; a workspace grows, i.e. allocates,
+    when T exceeds it).
+
+    main_grads: fp32 tensors shaped like w_gate, w_up, w_down (and ws_gate, ws_up, ws_down with
+    the shared expert), as Megatron's `param.main_grad`: backward adds the weight gradients to
+    them, accumulated in fp32 (MOK_GRAD_ACCUMULATE_F32), and gives the weights no .grad. Under
+    torch.compile the layer then runs eagerly, a graph break (fullgraph=True refuses it).
 
     Expert parallelism: `group` is a torch.distributed process group (or mok.ep_group(pg)), one
     process per GPU. Each rank passes its own tokens and its E / ep experts' weights (experts
@@ -330,9 +427,28 @@ def moe(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate=None, ws_up=Non
             raise TypeError(f"mok.moe: {name} is a {type(t).__name__}; expected a torch.Tensor")
     if topk_ids.dtype == torch.int64:
         topk_ids = topk_ids.to(torch.int32)
-    y, _saved = torch.ops.mok.forward(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate,
-                                      ws_up, ws_down, int(max_tokens or 0), _group_of(group))
+    if topk_weights.dtype == torch.bfloat16:  # its gradient comes back as bf16 through the cast
+        topk_weights = topk_weights.float()
+    elif topk_weights.dtype != torch.float32:
+        raise TypeError(f"mok.moe: topk_weights has dtype {topk_weights.dtype}; expected "
+                        f"torch.float32 or torch.bfloat16")
+    if main_grads is not None:
+        main_grads = list(main_grads)
+        weights = (w_gate, w_up, w_down, ws_gate, ws_up, ws_down)
+        _check_main_grads("mok.moe", main_grads, weights, real=False)
+        return _moe_main_grad(x, topk_ids, topk_weights, *weights, int(max_tokens or 0),
+                              _group_of(group), main_grads)
+    y, _saved = _MoE.apply(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up,
+                           ws_down, int(max_tokens or 0), _group_of(group), None)
     return y
+
+
+# A backward that adds into tensors of the forward cannot be traced (AOTAutograd does not take
+# a mutation of a saved tensor in the backward graph): under torch.compile this part runs eagerly
+# (a graph break; fullgraph=True refuses it).
+@torch.compiler.disable
+def _moe_main_grad(*args):
+    return _MoE.apply(*args)[0]
 
 
 def check(device=None):
@@ -356,18 +472,25 @@ class MoELayer(torch.nn.Module):
     differentiable).
 
     x may have leading dims ([..., H]); topk_ids and topk_weights then [..., k]. Weights start as
-    N(0, 1/H) for gate/up and N(0, 1/I) (N(0, 1/I_s)) for down, like mok_gen.h.
+    N(0, 1/H) for gate/up and N(0, 1/I) (N(0, 1/I_s)) for down, as the C tests' inputs do.
     With `group` (a torch.distributed process group, see moe) the layer holds this rank's
-    experts / ep experts and needs max_tokens."""
+    experts / ep experts and needs max_tokens. With main_grad=True backward adds the weight
+    gradients to each weight's fp32 `main_grad` (Megatron's; made as zeros where absent) and
+    leaves .grad alone."""
 
     def __init__(self, hidden, inter, experts, top_k, shared_inter=0, *, device=None,
-                 dtype=torch.bfloat16, max_tokens=None, group=None, router=None):
+                 dtype=torch.bfloat16, max_tokens=None, group=None, router=None,
+                 main_grad=False):
         super().__init__()
+        self.main_grad = bool(main_grad)
         if router is not None and (router.hidden, router.experts, router.top_k) != (
                 hidden, experts, top_k):
             raise ValueError(f"MoELayer: router is for hidden {router.hidden}, experts "
                              f"{router.experts}, top_k {router.top_k}; the layer has {hidden}, "
                              f"{experts}, {top_k}")
+        if router is not None and main_grad:
+            raise ValueError("MoELayer: main_grad with a router is not supported; route with "
+                             "mok.Router apart and pass topk_ids, topk_weights")
         self.router = router
         self.counts = self.aux_loss = self.z_loss = None
         if dtype != torch.bfloat16:
@@ -421,8 +544,18 @@ class MoELayer(torch.nn.Module):
         y = moe(x.reshape(-1, self.hidden), topk_ids.reshape(-1, self.top_k),
                 topk_weights.reshape(-1, self.top_k), self.w_gate, self.w_up, self.w_down,
                 self.ws_gate, self.ws_up, self.ws_down, max_tokens=self.max_tokens,
-                group=self.group)
+                group=self.group, main_grads=self.main_grads() if self.main_grad else None)
         return y.reshape(*lead, self.hidden)
+
+    def main_grads(self):
+        """Each weight's fp32 `main_grad`, made as zeros where absent."""
+        out = []
+        for w in (self.w_gate, self.w_up, self.w_down, self.ws_gate, self.ws_up, self.ws_down):
+            if w is not None:
+                if getattr(w, "main_grad", None) is None:
+                    w.main_grad = torch.zeros(w.shape, dtype=torch.float32, device=w.device)
+                out.append(w.main_grad)
+        return out
 
     def extra_repr(self):
         return (f"hidden={self.hidden}, inter={self.inter}, experts={self.experts}, "

@@ -58,3 +58,15 @@ def layer_dims(where, x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate=N
     if not 1 <= k <= e:
         raise ValueError(f"{where}: topk_ids has k = {k} columns; expected 1..E ({e})")
     return t, Dims(h, i, i_s, e, k)
+
+
+def expert_ids_error(where, lo, hi, experts):
+    """The ValueError for topk_ids holding values lo..hi outside 0..E-1. mok routes every slot to
+    an expert: padding slots (id -1, as routers with a capacity limit emit) are refused, and the
+    message says how to pass them."""
+    msg = f"{where}: topk_ids has values in {lo}..{hi}; expected 0..E-1 (E = {experts})"
+    if lo < 0:
+        msg += ("; padding slots (topk_ids = -1) are not supported: give each any expert id and "
+                "weight 0 (e.g. topk_ids.clamp(min=0), topk_weights * (topk_ids >= 0)), or drop "
+                "the slot")
+    return ValueError(msg)

@@ -161,6 +161,11 @@ def test_python_checks_name_the_argument():
     bad[3, 1] = 4
     with pytest.raises(ValueError, match=r"topk_ids has values in 0\.\.4; expected 0\.\.E-1"):
         mok.forward(args[0], bad, *args[2:])
+    bad[3, 1] = -1  # a router's padding slot
+    with pytest.raises(ValueError, match=r"values in -1\.\..*padding slots \(topk_ids = -1\) "
+                                         r"are not supported: give each any expert id and "
+                                         r"weight 0"):
+        mok.forward(args[0], bad, *args[2:])
 
 
 def test_c_errors_carry_the_library_message():

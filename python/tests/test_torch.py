@@ -157,8 +157,9 @@ def test_bad_input_names_the_argument():
     call = lambda **kw: mok.moe(**dict(ten, **kw))
     with pytest.raises(TypeError, match="x has dtype torch.float32"):
         call(x=ten["x"].float())
-    with pytest.raises(TypeError, match="topk_weights has dtype torch.bfloat16"):
-        call(topk_weights=ten["topk_weights"].bfloat16())
+    with pytest.raises(TypeError, match="topk_weights has dtype torch.float16; expected "
+                                        "torch.float32 or torch.bfloat16"):
+        call(topk_weights=ten["topk_weights"].half())
     with pytest.raises(TypeError, match="topk_ids has dtype torch.int16"):
         call(topk_ids=ten["topk_ids"].short())
     with pytest.raises(ValueError, match=r"w_up has shape \(4, 32, 64\)"):
@@ -176,6 +177,109 @@ def test_bad_input_names_the_argument():
         call(w_gate=ten["w_gate"].detach().float().numpy())
     with pytest.raises(TypeError, match="MoELayer: dtype"):
         mok.MoELayer(64, 64, 4, 2, dtype=torch.float32)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_bf16_topk_weights(device):
+    """bf16 router weights are taken as their fp32 values; their gradient comes back bf16."""
+    ten, dy = make(40, 64, 64, 8, 2, 64, device, seed=3)
+    tw16 = ten["topk_weights"].detach().bfloat16().requires_grad_()
+    tw32 = tw16.detach().float().requires_grad_()
+    y16, g16 = fwd_bwd(mok.moe, dict(ten, topk_weights=tw16), dy)
+    y32, g32 = fwd_bwd(mok.moe, dict(ten, topk_weights=tw32), dy)
+    assert torch.equal(y16, y32)
+    assert g16[1].dtype == torch.bfloat16 and torch.equal(g16[1], g32[1].bfloat16())
+    assert all(torch.equal(a, b) for i, (a, b) in enumerate(zip(g16, g32)) if i != 1)
+
+
+def test_padding_slots_are_refused_clearly():
+    """topk_ids = -1 (a router's padding slot) is not taken: the message says so and how to pass
+    such a slot (any expert, weight 0), on the torch and the numpy API."""
+    ten, _ = make(8, 64, 64, 4, 2, 0, "cpu")
+    ids = ten["topk_ids"].clone()
+    ids[3, 1] = -1
+    with pytest.raises(ValueError, match=r"padding slots \(topk_ids = -1\) are not supported: "
+                                         r"give each any expert id and weight 0"):
+        mok.moe(**dict(ten, topk_ids=ids))
+    arr = {n: None if v is None else v.detach() for n, v in ten.items()}
+    bits = {n: (v.view(torch.int16).numpy().view("uint16") if v.dtype == torch.bfloat16
+                else v.numpy()) for n, v in arr.items() if v is not None}
+    with pytest.raises(ValueError, match=r"padding slots \(topk_ids = -1\) are not supported"):
+        mok.forward(bits["x"], ids.numpy(), bits["topk_weights"], bits["w_gate"], bits["w_up"],
+                    bits["w_down"])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_torch_func_grad_and_vjp(device):
+    """torch.func.grad and vjp go through the layer and give autograd's gradients."""
+    ten, dy = make(24, 64, 64, 4, 2, 64, device, seed=4)
+    names = [n for n in DIFF if ten[n] is not None]
+    _, want = fwd_bwd(mok.moe, ten, dy)
+    leaves = tuple(ten[n].detach() for n in names)
+
+    def loss(*leaves):
+        return (mok.moe(**dict(ten, **dict(zip(names, leaves)))).float() * dy.float()).sum()
+
+    got = torch.func.grad(loss, argnums=tuple(range(len(names))))(*leaves)
+    for n, a, b in zip(names, got, want):
+        assert torch.equal(a, b), n
+    y, vjp = torch.func.vjp(lambda x: mok.moe(**dict(ten, x=x)), ten["x"].detach())
+    assert torch.equal(vjp(dy)[0], want[0])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("i_s", [64, 0])
+def test_main_grads_accumulate_in_fp32(device, i_s):
+    """main_grads (Megatron's param.main_grad): backward adds the weight gradients to fp32
+    buffers, the weights get no .grad, and x, topk_weights get theirs as before. One step from
+    zeros holds the fp32 sums whose bf16 rounding the bf16 gradients are; a second step adds the
+    same again (here exactly: twice a float is exact)."""
+    ten, dy = make(40, 64, 64, 8, 2, i_s, device, seed=5)
+    names = [n for n in DIFF[2:] if ten[n] is not None]
+    _, want = fwd_bwd(mok.moe, ten, dy)
+    main = [torch.zeros(ten[n].shape, dtype=torch.float32, device=device) for n in names]
+    for step in (1, 2):
+        x = ten["x"].detach().requires_grad_()
+        y = mok.moe(**dict(ten, x=x), main_grads=main)
+        y.backward(dy)
+        assert torch.equal(x.grad, want[0]) and all(ten[n].grad is None for n in names)
+        for n, m, w in zip(names, main, want[2:]):
+            assert torch.equal(m.bfloat16(), w) if step == 1 else torch.equal(m, 2 * m1[n]), n
+        m1 = {n: m.clone() for n, m in zip(names, main)}
+    with pytest.raises(TypeError, match="the main grad of w_up is torch.bfloat16; expected "
+                                        "torch.float32"):
+        mok.moe(**ten, main_grads=[main[0], main[1].bfloat16(), *main[2:]])
+    with pytest.raises(ValueError, match=f"main_grads has 2 tensors; expected one per weight "
+                                         f"\\({len(names)}"):
+        mok.moe(**ten, main_grads=main[:2])
+
+
+def test_layer_main_grad():
+    """MoELayer(main_grad=True) makes each weight's fp32 main_grad and adds to it step by step."""
+    torch.manual_seed(0)
+    layer = mok.MoELayer(64, 64, 4, 2, shared_inter=64, main_grad=True)
+    x = torch.randn(16, 64).bfloat16()
+    tw, ids = torch.randn(16, 4).softmax(-1).topk(2, -1)
+    layer(x, ids, tw).float().sum().backward()
+    first = [p.main_grad.clone() for p in layer.parameters()]
+    assert len(first) == 6 and all(p.grad is None for p in layer.parameters())
+    assert all(m.dtype == torch.float32 and m.abs().sum() > 0 for m in first)
+    layer(x, ids, tw).float().sum().backward()
+    assert all(torch.equal(p.main_grad, 2 * m) for p, m in zip(layer.parameters(), first))
+
+
+def test_layer_main_grad_under_compile():
+    """Under torch.compile (not fullgraph) the main-grad layer runs eagerly and adds the same."""
+    torch.manual_seed(0)
+    layer = mok.MoELayer(64, 64, 4, 2, main_grad=True)
+    x = torch.randn(16, 64).bfloat16()
+    tw, ids = torch.randn(16, 4).softmax(-1).topk(2, -1)
+    layer(x, ids, tw).float().sum().backward()
+    eager = [p.main_grad.clone() for p in layer.parameters()]
+    for p in layer.parameters():
+        p.main_grad.zero_()
+    torch.compile(lambda x: layer(x, ids, tw), backend="aot_eager")(x).float().sum().backward()
+    assert all(torch.equal(p.main_grad, m) for p, m in zip(layer.parameters(), eager))
 
 
 def test_meta_tensors_give_shapes():

@@ -45,10 +45,12 @@ static mok_status publish_and_check(mok_workspace *ws, const int32_t *ids, const
                     "error says which); the call left its outputs untouched on every rank");
   if (bad >= 0)
     return mok_fail(MOK_ERR_EXPERT_ID,
-                    "topk_ids[%lld] (token %lld, slot %lld) is %d; expected 0..%d (E = %d); "
+                    "topk_ids[%lld] (token %lld, slot %lld) is %d; expected 0..%d (E = %d)%s; "
                     "the call left its outputs untouched",
                     (long long)bad, (long long)(bad / k), (long long)(bad % k), ids[bad],
-                    ws->shape.experts - 1, ws->shape.experts);
+                    ws->shape.experts - 1, ws->shape.experts,
+                    ids[bad] < 0 ? " (padding slots, id -1, are not supported: give them any "
+                                   "expert id and weight 0)" : "");
   return mok_fail(MOK_ERR_EXPERT_ID,
                   "another rank of the EP group passed an expert id outside 0..%d; the call left "
                   "its outputs untouched on every rank", ws->shape.experts - 1);
