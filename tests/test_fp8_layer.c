@@ -1,5 +1,14 @@
 /*
  * test_fp8_layer.c: the MOK_FP8 layer of the CPU backend (DESIGN.md §8).
+ *   Groups: with power-of-two scales a quantization commutes with scaling a whole group by a
+ *   power of two, and with nothing else. So a layer whose inputs and weights are scaled group by
+ *   group (x and dy along H, u and so hw, dup along I, each by its own power of two, the weights
+ *   scaled back block by block) gives the plain layer's outputs times known powers of two, bit
+ *   for bit, exactly when every quantization takes the groups DESIGN §8.1 says; a group taken
+ *   too wide or misplaced mixes scales 2^20 apart and loses the small ones. Likewise the rows of
+ *   each expert scaled block of 128 by block (k = 1: the router weight up, dy down) for the
+ *   weight gradients' Q_col. Each scaled layer is also checked against ref64's FP8 recipe, which
+ *   checks ref64's groups the same way. Q_row and Q_col themselves against fp8_oracle.h.
  *   Accuracy: the FP8 layer against the BF16 layer on the same inputs (every element of y, dx,
  *   d_topk_weights and the six weight gradients) and against the float64 layer without
  *   quantization (ref64 of the BF16 recipe, on sampled tokens and gradient rows): relative L2
@@ -11,8 +20,77 @@
 #include <string.h>
 
 #include "check.h"
+#include "cpu/cpu.h"
 #include "cpu/ref64.h"
+#include "fp8_oracle.h"
 #include "harness.h"
+
+#define G MOK_FP8_GROUP
+
+/* ---- Q_row and Q_col against the oracle ----------------------------------------------------- */
+
+/* What the oracle makes of v in a group whose amax is amax. */
+static float oracle_q(float v, float amax) {
+  const int e = oracle_scale_exp(amax);
+  return (float)ldexp((double)mok_e4m3_decode(oracle_e4m3((float)ldexp((double)v, -e))), e);
+}
+
+static int same_float(float a, float b) { return memcmp(&a, &b, sizeof a) == 0 || (a != a && b != b); }
+
+/* Values whose magnitude changes by 2^20 and more from one group to the next (a group of zeros,
+ * a NaN among them), on n values `stride` apart in groups of 128 from the first. */
+static void wide_values(float *v, int64_t n, uint64_t seed) {
+  uint16_t *b = malloc((size_t)n * sizeof *b);
+  mok_gen_normal_bf16(seed, 1, 1.0f, b, (size_t)n);
+  for (int64_t i = 0; i < n; i++) {
+    const int64_t grp = i / G;
+    v[i] = grp % 4 == 2 ? 0.0f : (float)ldexp(mok_bf16_to_f32(b[i]), (int)(grp * 23 % 41) - 20);
+  }
+  if (n > 5) v[5] = NAN;
+  free(b);
+}
+
+static void q_row_and_cols_vs_oracle(void) {
+  const int64_t n = 1000, rows = 300, cols = 37;
+  float *v = malloc((size_t)n * sizeof *v), *want = malloc((size_t)n * sizeof *want);
+  wide_values(v, n, 41);
+  for (int64_t g0 = 0; g0 < n; g0 += G) {
+    float amax = 0.0f;
+    for (int64_t i = g0; i < n && i < g0 + G; i++)
+      if (fabsf(v[i]) > amax) amax = fabsf(v[i]);
+    for (int64_t i = g0; i < n && i < g0 + G; i++) want[i] = oracle_q(v[i], amax);
+  }
+  cpu_q_row(v, n);
+  int bad = 0;
+  for (int64_t i = 0; i < n; i++)
+    if (!same_float(v[i], want[i]) && bad++ < 5)
+      CHECK(0, "Q_row: value %lld is %a, want %a", (long long)i, v[i], want[i]);
+  free(v), free(want);
+
+  /* Q_col: column c of rows x cols (stride cols + 3) takes the wide values down its rows */
+  const int64_t stride = cols + 3;
+  float *m = malloc((size_t)(rows * stride) * sizeof *m), *w = malloc((size_t)(rows * stride) * sizeof *w);
+  float *col = malloc((size_t)rows * sizeof *col);
+  for (int64_t c = 0; c < stride; c++) {
+    wide_values(col, rows, 42 + (uint64_t)c);
+    for (int64_t r = 0; r < rows; r++) m[r * stride + c] = w[r * stride + c] = col[r];
+    if (c >= cols) continue; /* past the columns: left as they are */
+    for (int64_t r0 = 0; r0 < rows; r0 += G) {
+      float amax = 0.0f;
+      for (int64_t r = r0; r < rows && r < r0 + G; r++)
+        if (fabsf(col[r]) > amax) amax = fabsf(col[r]);
+      for (int64_t r = r0; r < rows && r < r0 + G; r++) w[r * stride + c] = oracle_q(col[r], amax);
+    }
+  }
+  #pragma omp parallel num_threads(3)
+  cpu_q_cols(m, rows, cols, stride);
+  bad = 0;
+  for (int64_t i = 0; i < rows * stride; i++)
+    if (!same_float(m[i], w[i]) && bad++ < 5)
+      CHECK(0, "Q_col: row %lld column %lld is %a, want %a", (long long)(i / stride),
+            (long long)(i % stride), m[i], w[i]);
+  free(m), free(w), free(col);
+}
 
 static double bf(uint16_t b) { return (double)mok_bf16_to_f32(b); }
 
@@ -70,11 +148,37 @@ static void vs_bf16_layer(const harness *f, const harness *b, double rel[3 + G_C
   for (int i = 0; i < 3 + G_COUNT; i++) rel[i] = agree_rel(&g[i]), cosine[i] = agree_cos(&g[i]);
 }
 
-/* Sampled tokens and gradient rows of the FP8 run against the float64 layer of the BF16 recipe
- * (L with its precision set to MOK_BF16). */
-static void vs_float64(const harness *f, double rel[3 + G_COUNT], double cosine[3 + G_COUNT]) {
+/* The powers of two a scaled layer's outputs carry (NULL: none): per group of H (the x side: aH,
+ * the dy side: cH), of I (bI) and of I_s (bS), and per token (s, k = 1, no shared expert). */
+typedef struct scaling {
+  const int *aH, *cH, *bI, *bS;
+  const int *s; /* [T] or NULL */
+} scaling;
+
+/* The exponent of output `out` (0..2: y, dx, d_topk_weights; 3..: the weight gradients in mok_grads
+ * order) at [e][r][c] (y, dx: token r, column c; d_topk_weights: token r). */
+static int out_exp(const scaling *sc, int out, int64_t r, int64_t c) {
+  if (!sc) return 0;
+  if (sc->s) return out == 0 ? sc->s[r] : out == 2 ? -sc->s[r] : 0;
+  const int w = out - 3;
+  const int *b = w >= GS_GATE ? sc->bS : sc->bI;
+  switch (out) {
+  case 0: return sc->cH[c / G];
+  case 1: return sc->aH[c / G];
+  case 2: return 0;
+  default:
+    if (w == G_GATE || w == GS_GATE) return -sc->aH[c / G];
+    if (w == G_UP || w == GS_UP) return b[r / G] - sc->aH[c / G];
+    return -sc->cH[r / G] - b[c / G]; /* down: [h][i] */
+  }
+}
+
+/* Sampled tokens and gradient rows of a run against ref64 of `precision` (L's own inputs), each
+ * value first divided by the power of two its scaling gave it, so that every group counts. */
+static void vs_ref64(const harness *f, mok_precision precision, const scaling *sc, int64_t stride,
+                     double rel[3 + G_COUNT], double cosine[3 + G_COUNT]) {
   mok_host_layer L = f->L;
-  L.shape.precision = MOK_BF16;
+  L.shape.precision = precision;
   const mok_shape *s = &L.shape;
   const int64_t H = s->hidden, I = s->inter, Is = s->shared_inter, k = s->top_k;
   agree g[3 + G_COUNT];
@@ -82,13 +186,17 @@ static void vs_float64(const harness *f, double rel[3 + G_COUNT], double cosine[
   double *y = malloc((size_t)H * sizeof *y), *dx = malloc((size_t)H * sizeof *dx);
   double *row = malloc((size_t)(H > I ? (H > Is ? H : Is) : (I > Is ? I : Is)) * sizeof *row);
   double dtw[64];
-  for (int64_t t = 0; t < f->T; t += 3) {
+  for (int64_t t = 0; t < f->T; t += stride) {
     mok_ref64_token(&L, t, y, dx, dtw);
     for (int64_t i = 0; i < H; i++) {
-      agree_add(&g[0], bf(f->y[t * H + i]), y[i]);
-      agree_add(&g[1], bf(f->dx[t * H + i]), dx[i]);
+      agree_add(&g[0], ldexp(bf(f->y[t * H + i]), -out_exp(sc, 0, t, i)),
+                ldexp(y[i], -out_exp(sc, 0, t, i)));
+      agree_add(&g[1], ldexp(bf(f->dx[t * H + i]), -out_exp(sc, 1, t, i)),
+                ldexp(dx[i], -out_exp(sc, 1, t, i)));
     }
-    for (int64_t j = 0; j < k; j++) agree_add(&g[2], f->dtw[t * k + j], dtw[j]);
+    for (int64_t j = 0; j < k; j++)
+      agree_add(&g[2], ldexp(f->dtw[t * k + j], -out_exp(sc, 2, t, j)),
+                ldexp(dtw[j], -out_exp(sc, 2, t, j)));
   }
   for (int w = 0; w < G_COUNT; w++) {
     if (f->g_len[w] == 0) continue;
@@ -99,8 +207,12 @@ static void vs_float64(const harness *f, double rel[3 + G_COUNT], double cosine[
     for (int64_t e = 0; e < experts; e += experts > 8 ? 3 : 1) /* 3 rows an expert */
       for (int64_t r = e % 7; r < rows; r += rows / 3 + 1) {
         mok_ref64_grad_row(&L, (mok_ref_grad)w, e, r, row);
-        for (int64_t i = 0; i < len; i++)
-          agree_add(&g[3 + w], bf(((const uint16_t *)f->g[w])[(e * rows + r) * len + i]), row[i]);
+        for (int64_t i = 0; i < len; i++) {
+          const int x = out_exp(sc, 3 + w, r, i);
+          const double ref = bf(mok_f32_to_bf16((float)row[i])); /* as written, bf16 */
+          agree_add(&g[3 + w], ldexp(bf(((const uint16_t *)f->g[w])[(e * rows + r) * len + i]), -x),
+                    ldexp(ref, -x));
+        }
       }
   }
   for (int i = 0; i < 3 + G_COUNT; i++) rel[i] = agree_rel(&g[i]), cosine[i] = agree_cos(&g[i]);
@@ -134,7 +246,7 @@ static void accuracy_case(const mok_shape *s, int64_t T, uint64_t seed, const ch
     vs_bf16_layer(&f, &b, rel, cosine);
     snprintf(name, sizeof name, "%s, vs BF16 layer", what);
     report(name, &f, rel, cosine);
-    vs_float64(&f, rel, cosine);
+    vs_ref64(&f, MOK_BF16, NULL, 3, rel, cosine);
     snprintf(name, sizeof name, "%s, vs float64", what);
     report(name, &f, rel, cosine);
   }
@@ -151,7 +263,147 @@ static void accuracy(void) {
   accuracy_case(&d, 256, 802, "dsv3/16");
 }
 
+/* ---- layers scaled group by group ---------------------------------------------------------- */
+
+static uint16_t times_pow2(uint16_t b, int e) {
+  return mok_f32_to_bf16((float)ldexp(mok_bf16_to_f32(b), e));
+}
+
+/* Scales L's inputs and weights so that its outputs carry out_exp(sc): x and dy by their H
+ * groups, u (so hw and dup) by its I groups through W_up's rows, each undone in the weights of
+ * the next product block by block; or, per token, the router weight up and dy down. */
+static void scale_layer(mok_host_layer *L, const scaling *sc) {
+  const int64_t H = L->shape.hidden, I = L->shape.inter, Is = L->shape.shared_inter;
+  const int64_t E = L->shape.experts, T = L->tokens;
+  if (sc->s) { /* k = 1 */
+    for (int64_t t = 0; t < T; t++) {
+      L->topk_weights[t] = (float)ldexp(L->topk_weights[t], sc->s[t]);
+      for (int64_t h = 0; h < H; h++) L->dy[t * H + h] = times_pow2(L->dy[t * H + h], -sc->s[t]);
+    }
+    return;
+  }
+  for (int64_t t = 0; t < T; t++)
+    for (int64_t h = 0; h < H; h++) {
+      L->x[t * H + h] = times_pow2(L->x[t * H + h], -sc->aH[h / G]);
+      L->dy[t * H + h] = times_pow2(L->dy[t * H + h], -sc->cH[h / G]);
+    }
+  for (int64_t e = 0; e <= E; e++) { /* e = E: the shared expert */
+    const int64_t n = e < E ? I : Is;
+    if (n == 0) continue;
+    const int *b = e < E ? sc->bI : sc->bS;
+    uint16_t *wg = e < E ? L->w_gate + e * I * H : L->ws_gate;
+    uint16_t *wu = e < E ? L->w_up + e * I * H : L->ws_up;
+    uint16_t *wd = e < E ? L->w_down + e * H * I : L->ws_down;
+    for (int64_t i = 0; i < n; i++)
+      for (int64_t h = 0; h < H; h++) {
+        wg[i * H + h] = times_pow2(wg[i * H + h], sc->aH[h / G]);
+        wu[i * H + h] = times_pow2(wu[i * H + h], sc->aH[h / G] - b[i / G]);
+        wd[h * n + i] = times_pow2(wd[h * n + i], sc->cH[h / G] + b[i / G]);
+      }
+  }
+}
+
+/* Every output of the scaled run against the plain run's times 2^out_exp, bit for bit. */
+static void check_scaled_bits(const harness *plain, const harness *scaled, const scaling *sc,
+                              const char *what) {
+  const mok_shape *s = &plain->L.shape;
+  const int64_t H = s->hidden, I = s->inter, Is = s->shared_inter, k = s->top_k, T = plain->T;
+  int bad = 0;
+  for (int64_t t = 0; t < T; t++) {
+    for (int64_t h = 0; h < H; h++) {
+      const uint16_t y = times_pow2(plain->y[t * H + h], out_exp(sc, 0, t, h));
+      const uint16_t dx = times_pow2(plain->dx[t * H + h], out_exp(sc, 1, t, h));
+      if ((y != scaled->y[t * H + h] || dx != scaled->dx[t * H + h]) && bad++ < 5)
+        CHECK(0, "%s: token %lld column %lld: y %g dx %g, want %g and %g", what, (long long)t,
+              (long long)h, bf(scaled->y[t * H + h]), bf(scaled->dx[t * H + h]), bf(y), bf(dx));
+    }
+    for (int64_t j = 0; j < k; j++) {
+      const float d = (float)ldexp(plain->dtw[t * k + j], out_exp(sc, 2, t, j));
+      if (!same_float(d, scaled->dtw[t * k + j]) && bad++ < 5)
+        CHECK(0, "%s: d_topk_weights[%lld][%lld] %a, want %a", what, (long long)t, (long long)j,
+              scaled->dtw[t * k + j], d);
+    }
+  }
+  for (int w = 0; w < G_COUNT; w++) {
+    const int shared = w >= GS_GATE;
+    const int64_t rows = w == G_DOWN || w == GS_DOWN ? H : shared ? Is : I;
+    const int64_t len = w == G_DOWN ? I : w == GS_DOWN ? Is : H;
+    const uint16_t *a = plain->g[w], *b = scaled->g[w];
+    for (int64_t x = 0; x < plain->g_len[w]; x++) {
+      const int64_t r = x / len % rows, c = x % len;
+      const uint16_t want = times_pow2(a[x], out_exp(sc, 3 + w, r, c));
+      if (want != b[x] && bad++ < 5)
+        CHECK(0, "%s: %s[%lld][%lld][%lld] %g, want %g", what, names[3 + w],
+              (long long)(x / len / rows), (long long)r, (long long)c, bf(b[x]), bf(want));
+    }
+  }
+  CHECK(bad == 0, "%s: %d values differ from the plain layer's, scaled", what, bad);
+}
+
+/* Scaled layers against ref64's FP8 recipe: the accumulation-order tolerances of
+ * test_numerics.c (bf16 outputs, and the fp32 d_topk_weights). */
+#define TOL_REF_BF16 5e-4
+#define TOL_REF_DTW 2e-5
+
+static void scaled_case(const mok_shape *shape, int64_t T, uint64_t seed, scaling *sc,
+                        int *s_of_token, const char *what) {
+  harness p, q;
+  memset(&q, 0, sizeof q);
+  if (harness_init(&p, shape, T, seed, 0) && harness_init(&q, shape, T, seed, 0)) {
+    if (s_of_token) { /* k = 1: each token's row's block of 128 in its expert's segment */
+      const int64_t E = shape->experts;
+      int64_t *count = calloc((size_t)E, sizeof *count);
+      static const int sB[8] = {0, 17, -16, 16, -17, 18, -18, 1};
+      for (int64_t t = 0; t < T; t++) s_of_token[t] = sB[count[p.L.topk_ids[t]]++ / G % 8];
+      free(count);
+      sc->s = s_of_token;
+    }
+    scale_layer(&q.L, sc);
+    harness_quantize(&q);
+    harness_poison(&p, 0xA5);
+    harness_poison(&q, 0x5A);
+    CHECK_OK(harness_run(&p, MOK_GRAD_WRITE_BF16));
+    CHECK_OK(harness_run(&q, MOK_GRAD_WRITE_BF16));
+    check_scaled_bits(&p, &q, sc, what);
+    double rel[3 + G_COUNT], cosine[3 + G_COUNT];
+    vs_ref64(&q, MOK_FP8, sc, 5, rel, cosine);
+    printf("     %s, vs ref64 (fp8):", what);
+    for (int i = 0; i < 3 + G_COUNT; i++) {
+      if (i >= 3 && q.g_len[i - 3] == 0) continue;
+      const double tol = i == 2 ? TOL_REF_DTW : TOL_REF_BF16;
+      printf(" %s %.2e", names[i], rel[i]);
+      CHECK(rel[i] < tol, "%s: %s rel err %.3g against ref64 > %.3g", what, names[i], rel[i], tol);
+    }
+    printf("\n");
+  }
+  harness_fini(&p);
+  harness_fini(&q);
+}
+
+static void group_scaling(void) {
+  /* 3 groups along H and I, 2 along I_s, each its own power of two, 2^16 and more from its
+   * neighbours': e4m3 spans 2^15 from its smallest normal value to 448, so a group taken too wide
+   * turns the smaller values to subnormals or zeros */
+  static const int aH[3] = {0, 17, -16}, cH[3] = {-16, 0, 17}, bI[3] = {16, -17, 0},
+                   bS[2] = {-16, 17};
+  scaling sc = {aH, cH, bI, bS, NULL};
+  const mok_shape s = {64, 320, 272, 144, 4, 2, MOK_FP8, 0};
+  scaled_case(&s, 64, 901, &sc, NULL, "groups along H and I");
+}
+
+static void row_block_scaling(void) {
+  /* k = 1, 600 tokens on 2 experts: segments of about 300 rows, 3 blocks each */
+  const mok_shape s = {600, 160, 144, 0, 2, 1, MOK_FP8, 0};
+  int *st = malloc(600 * sizeof *st);
+  scaling sc = {NULL, NULL, NULL, NULL, NULL};
+  scaled_case(&s, 600, 902, &sc, st, "blocks of each expert's rows");
+  free(st);
+}
+
 const test_case tests_fp8_layer[] = {
+    {"fp8/cpu_q_row_and_q_col_vs_oracle", q_row_and_cols_vs_oracle},
+    {"fp8/cpu_layer_commutes_with_group_scaling", group_scaling},
+    {"fp8/cpu_layer_commutes_with_row_block_scaling", row_block_scaling},
     {"fp8/cpu_accuracy_vs_bf16_and_float64", accuracy},
     {NULL, NULL},
 };

@@ -183,9 +183,25 @@ static void dsv3_sixteenth(void) {
   harness_fini(&h);
 }
 
+/* MOK_FP8: 320 tokens on 4 experts, top-2, so that experts hold more than one block of 128 rows
+ * and the shared expert three blocks of tokens; H, I, I_s end in partial groups of 128. */
+static const mok_shape fp8_shape = {320, 160, 144, 80, 4, 2, MOK_FP8, 0};
+static const mok_shape fp8_shape_b = {48, 200, 64, 0, 6, 1, MOK_FP8, 0};
+
+static void fp8_grads_bf16_vs_ref64(void) {
+  run_case(&fp8_shape, 320, 212, MOK_GRAD_WRITE_BF16, "fp8");
+  run_case(&fp8_shape_b, 48, 213, MOK_GRAD_WRITE_BF16, "fp8, no shared, k=1");
+}
+
+static void fp8_grads_f32_vs_ref64(void) {
+  run_case(&fp8_shape, 301, 312, MOK_GRAD_ACCUMULATE_F32, "fp8, T<max");
+}
+
 const test_case tests_numerics[] = {
     {"cpu/forward_vs_ref64", forward_vs_ref64},
     {"cpu/grads_bf16_vs_ref64", grads_bf16_vs_ref64},
     {"cpu/grads_f32_vs_ref64", grads_f32_vs_ref64},
     {"cpu/dsv3_sixteenth_vs_ref64", dsv3_sixteenth},
+    {"fp8/cpu_grads_bf16_vs_ref64", fp8_grads_bf16_vs_ref64},
+    {"fp8/cpu_grads_f32_vs_ref64", fp8_grads_f32_vs_ref64},
     {NULL, NULL}};

@@ -4,7 +4,7 @@
  * every slot), on edge cases: empty experts, all tokens on one expert, k = 1, T = 1, segments of
  * exactly 128 and 129 rows, duplicate ids within a token, T < max_tokens. Each case then runs
  * forward and backward and compares y, dx and d_topk_weights with ref64, as routing edge cases
- * are where the dataflow (not the arithmetic) breaks.
+ * are where the dataflow (not the arithmetic) breaks. The same cases run at MOK_FP8 too.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -133,9 +133,9 @@ static void check_grads(const harness *h, const char *what) {
 typedef int32_t (*route_fn)(int64_t t, int64_t j);
 
 /* One case: a layer whose ids come from `route`; schedule alone, then forward + backward. */
-static void run_case(int64_t max_tokens, int64_t T, int32_t E, int32_t k, route_fn route,
-                     uint64_t seed, const char *what) {
-  const mok_shape s = {max_tokens, 32, 16, 8, E, k, MOK_BF16, 0};
+static void run_case_at(mok_precision p, int64_t max_tokens, int64_t T, int32_t E, int32_t k,
+                        route_fn route, uint64_t seed, const char *what) {
+  const mok_shape s = {max_tokens, 32, 16, 8, E, k, p, 0};
   harness h;
   if (harness_init(&h, &s, T, seed, 0)) {
     for (int64_t t = 0; t < T; t++)
@@ -153,6 +153,11 @@ static void run_case(int64_t max_tokens, int64_t T, int32_t E, int32_t k, route_
   harness_fini(&h);
 }
 
+static void run_case(int64_t max_tokens, int64_t T, int32_t E, int32_t k, route_fn route,
+                     uint64_t seed, const char *what) {
+  run_case_at(MOK_BF16, max_tokens, T, E, k, route, seed, what);
+}
+
 static int32_t two_experts(int64_t t, int64_t j) { return (int32_t)((t + j) % 2 ? 5 : 1); }
 static int32_t all_on_two(int64_t t, int64_t j) { return (void)t, (void)j, 2; }
 static int32_t split_128_129(int64_t t, int64_t j) { return (void)j, t % 2 ? 0 : 2; }
@@ -166,6 +171,17 @@ static void tile_edges(void) { run_case(257, 257, 3, 1, split_128_129, 14, "128 
 static void duplicate_ids(void) { run_case(5, 5, 4, 3, duplicates, 15, "duplicate ids"); }
 static void partial_batch(void) { run_case(300, 77, 7, 3, mixed, 16, "T < max_tokens"); }
 
+/* The same cases at MOK_FP8, against ref64's FP8 recipe (a segment of 129 rows is two blocks
+ * of the weight gradients' Q_col; an empty expert's gradients are zeros). */
+static void fp8_cases(void) {
+  run_case_at(MOK_FP8, 40, 40, 8, 2, two_experts, 21, "fp8, empty experts");
+  run_case_at(MOK_FP8, 200, 200, 4, 1, all_on_two, 22, "fp8, all on one expert");
+  run_case_at(MOK_FP8, 1, 1, 3, 1, all_on_two, 23, "fp8, T = 1, k = 1");
+  run_case_at(MOK_FP8, 257, 257, 3, 1, split_128_129, 24, "fp8, 128 and 129 rows");
+  run_case_at(MOK_FP8, 5, 5, 4, 3, duplicates, 25, "fp8, duplicate ids");
+  run_case_at(MOK_FP8, 300, 77, 7, 3, mixed, 26, "fp8, T < max_tokens");
+}
+
 const test_case tests_schedule[] = {
     {"cpu/schedule_empty_experts", empty_experts},
     {"cpu/schedule_all_on_one_expert", one_expert},
@@ -173,4 +189,5 @@ const test_case tests_schedule[] = {
     {"cpu/schedule_tile_edges_128_129", tile_edges},
     {"cpu/schedule_duplicate_ids", duplicate_ids},
     {"cpu/schedule_partial_batch", partial_batch},
+    {"fp8/cpu_routing_edge_cases_vs_ref64", fp8_cases},
     {NULL, NULL}};

@@ -2,7 +2,9 @@
  * ref64.h: a float64 recomputation of the layer for checking, one token or one gradient row at a
  * time (so it stays cheap at any size). It rounds to bf16 exactly where DESIGN.md §1.1 stores
  * bf16 and keeps everything else in double, so a correct backend differs from it by
- * accumulation-order error only. Used by the tests and by `mok run`.
+ * accumulation-order error only; at MOK_FP8 (L->shape.precision) with the quantizations of
+ * DESIGN.md §8 (a call then holds its experts' weights dequantized, 3 I H floats each). Used by
+ * the tests and by `mok run`.
  */
 #ifndef MOK_REF64_H
 #define MOK_REF64_H
