@@ -10,7 +10,7 @@ import time
 
 import torch
 
-DIFF = ("x", "topk_weights", "w_gate", "w_up", "w_down", "ws_gate", "ws_up", "ws_down")
+DIFF = ("x", "topk_weights", "w_router", "w_gate", "w_up", "w_down", "ws_gate", "ws_up", "ws_down")
 
 
 class Clock:

@@ -3,11 +3,13 @@
 # tests, the Python tests (torch, CUDA) and the benchmark, writes full logs under $OUT (or
 # results/ when $OUT is unset) and prints a short summary last; exit status 1 if a step failed.
 # Usage: tools/gpu-check.sh [tests|bench|all|sanitize|train|ep|ep-tests|ep-bench]   (default all)
-#   train: examples/check_training.py (issue 39): a ~60M-parameter MoE transformer trained 300
-#       steps on the Python standard library's source, twice with mok and once with the PyTorch
-#       MoE; fails unless the two mok loss curves are bit-identical and mok's held-out loss is
-#       within 2 % of torch's; reports tokens/s and the MoE layers' share of a step. Writes
-#       $OUT/train/curves.json and curves.png.
+#   train: the router and the model of issue 39. examples/check_training.py: a ~60M-parameter
+#       MoE transformer trained 300 steps on the Python standard library's source, twice with mok
+#       and once with the PyTorch MoE; fails unless the two mok loss curves are bit-identical and
+#       mok's held-out loss is within 2 % of torch's; reports tokens/s and the MoE layers' share
+#       of a step ($OUT/train/curves.json, curves.png). Then bench/router.py: fine-7b,
+#       qwen3-30b-a3b and dsv3 with the router included, mok against a PyTorch router feeding
+#       grouped_mm ($OUT/train/router.json). The router's GPU tests are in `tests`.
 #   sanitize: compute-sanitizer's memcheck and racecheck on the small-shape GPU test (minutes
 #       each, so not in all); clusters of 2 x 1 and of 2 x 2 both run there.
 #   ep: expert parallelism over every visible GPU, one process per GPU (issue 7): the GPU tests,
@@ -69,7 +71,8 @@ if [ "$what" = bench ] || [ "$what" = all ]; then
   step bench 480 python3 bench/run.py --out "$out"
 fi
 if [ "$what" = train ]; then
-  step train 540 python3 examples/check_training.py --out "$out/train"
+  step train 400 python3 examples/check_training.py --out "$out/train"
+  step router-bench 300 python3 bench/router.py --out "$out/train"
 fi
 if [ "$what" = sanitize ]; then
   for tool in memcheck racecheck; do

@@ -38,6 +38,18 @@ def test_bench_smoke(tmp_path):
     assert "| shape | impl |" in (out / "bench.md").read_text()
 
 
+def test_router_bench_smoke(tmp_path):
+    """bench/router.py on the tiny shapes: every implementation timed, mok's bits repeat."""
+    pytest.importorskip("torch")
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "router.py"), "--smoke",
+                           "--device", "cpu", "--budget", "0.01", "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = json.loads((tmp_path / "router.json").read_text())["rows"]
+    assert {r["impl"] for r in rows} == {"mok", "torch", "mok router", "torch router"}
+    assert "| shape | implementation |" in proc.stdout
+
+
 def test_gpu_samples_mean_and_skip_what_does_not_parse():
     pytest.importorskip("torch")
     from measure import GpuSamples, mean_samples
