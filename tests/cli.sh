@@ -47,6 +47,30 @@ check cli/run_one_token 0 'T=1 .*run: PASS' -- \
 check cli/run_fails_below_tolerance 1 'dw_gate [^A-Z]* FAIL.*run: FAIL' -- \
   $mok run --shape dsv3 "${small[@]}" --tol 1e-12
 
+# FP8 (DESIGN.md §8): checked against ref64's FP8 recipe; other bits than BF16's; D4 on 4 ranks;
+# bench writes the precision into its JSON.
+check cli/run_fp8 0 'precision fp8.*quantizing the weights.*run: PASS' -- \
+  $mok run --shape dsv3 "${small[@]}" --precision fp8
+check cli/run_fp8_no_shared_f32 0 'run: PASS' -- \
+  $mok run --shape qwen3-30b-a3b --scale 1/64 --backend cpu --grad-mode f32 --precision fp8 \
+  --check-rows 2
+check cli/run_fp8_ep4_same_bits 0 'dw_down +identical.*run --ep 4: PASS' -- \
+  $mok run --shape dsv3 "${small[@]}" --ep 4 --precision fp8
+check cli/bench_fp8 0 'precision fp8.*repeated bits: identical.*bench: PASS' -- \
+  $mok bench --shape fine-7b --scale 1/64 --backend cpu --precision fp8 --warmup 0 --repeat 2 \
+  --json "$tmp/fp8.json"
+check cli/bench_fp8_json 0 'ok' -- python3 -c "
+import json
+j = json.load(open('$tmp/fp8.json'))
+assert j['precision'] == 'fp8' and j['identical_bits'] is True, j
+print('ok')"
+check cli/bad_precision 2 "--precision 'fp16': expected bf16 or fp8" -- \
+  $mok run --precision fp16
+digests $mok run --shape dsv3 "${small[@]}" --check-tokens 0 --check-rows 0 >"$tmp/bf16"
+digests $mok run --shape dsv3 "${small[@]}" --check-tokens 0 --check-rows 0 --precision fp8 \
+  >"$tmp/fp8"
+check cli/fp8_other_bits_than_bf16 1 '' -- cmp -s "$tmp/bf16" "$tmp/fp8"
+
 # Expert parallelism on emulated ranks: the same bits as one rank (D4).
 check cli/run_ep8_same_bits 0 'dw_down +identical.*run --ep 8: PASS' -- \
   $mok run --shape dsv3 "${small[@]}" --ep 8 --grad-mode f32

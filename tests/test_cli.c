@@ -66,7 +66,8 @@ static void parse_defaults(void) {
             o.backend == MOK_BACKEND_CUDA && o.seed == 1 && o.threads == 0 &&
             o.grad_mode == MOK_GRAD_WRITE_BF16 && o.check_tokens == 8 &&
             o.check_rows == CLI_DEFAULT && o.tol == 1e-2 && o.json == NULL &&
-            o.shape.max_tokens == 4096,
+            o.shape.max_tokens == 4096 && o.precision == MOK_BF16 &&
+            o.shape.precision == MOK_BF16,
         "run defaults");
   CHECK(parse("mok bench", &o, err, sizeof err) == 0, "%s", err);
   CHECK(o.warmup == CLI_CUDA_WARMUP && o.repeat == CLI_CUDA_REPEAT, "cuda bench defaults");
@@ -98,6 +99,11 @@ static void parse_values(void) {
         "--cluster 4");
   CHECK(parse("mok run --cluster 2 --cluster auto", &o, err, sizeof err) == 0 && o.cluster == 0,
         "--cluster auto after 2");
+  CHECK(parse("mok bench --precision fp8", &o, err, sizeof err) == 0 &&
+            o.precision == MOK_FP8 && o.shape.precision == MOK_FP8,
+        "--precision fp8 reaches the shape");
+  CHECK(parse("mok run --precision fp8 --precision bf16", &o, err, sizeof err) == 0 &&
+            o.shape.precision == MOK_BF16, "--precision bf16 after fp8");
 }
 
 static void parse_help(void) {
@@ -127,6 +133,7 @@ static void parse_errors(void) {
       {"mok run --tokens 12abc", "--tokens '12abc'"},
       {"mok run --backend gpu", "expected cpu or cuda"},
       {"mok run --grad-mode fp32", "expected bf16 or f32"},
+      {"mok run --precision fp16", "--precision 'fp16': expected bf16 or fp8"},
       {"mok run --seed -1", "--seed '-1'"},
       {"mok run --threads -2", "--threads '-2'"},
       {"mok bench --sms x", "--sms 'x'"},

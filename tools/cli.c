@@ -59,7 +59,7 @@ enum { FOR_RUN = 1, FOR_BENCH = 2, FOR_BOTH = 3 };
 
 typedef enum opt_id {
   OPT_SHAPE, OPT_SCALE, OPT_TOKENS, OPT_BACKEND, OPT_DEVICE, OPT_SEED, OPT_THREADS, OPT_SMS,
-  OPT_CLUSTER, OPT_GRAD_MODE,
+  OPT_CLUSTER, OPT_GRAD_MODE, OPT_PRECISION,
   OPT_CHECK_TOKENS, OPT_CHECK_ROWS, OPT_TOL, OPT_WARMUP, OPT_REPEAT, OPT_JSON, OPT_EP
 } opt_id;
 
@@ -73,7 +73,7 @@ static const struct {
     {"device", OPT_DEVICE, FOR_BOTH},       {"seed", OPT_SEED, FOR_BOTH},
     {"threads", OPT_THREADS, FOR_BOTH},     {"sms", OPT_SMS, FOR_BOTH},
     {"cluster", OPT_CLUSTER, FOR_BOTH},
-    {"grad-mode", OPT_GRAD_MODE, FOR_BOTH},
+    {"grad-mode", OPT_GRAD_MODE, FOR_BOTH}, {"precision", OPT_PRECISION, FOR_BOTH},
     {"check-tokens", OPT_CHECK_TOKENS, FOR_RUN}, {"check-rows", OPT_CHECK_ROWS, FOR_RUN},
     {"tol", OPT_TOL, FOR_RUN},              {"warmup", OPT_WARMUP, FOR_BENCH},
     {"repeat", OPT_REPEAT, FOR_BENCH},      {"json", OPT_JSON, FOR_BENCH},
@@ -108,6 +108,7 @@ static void set_defaults(cli_options *o) {
   o->backend = MOK_BACKEND_CUDA;
   o->seed = 1;
   o->grad_mode = MOK_GRAD_WRITE_BF16;
+  o->precision = MOK_BF16;
   o->check_tokens = 8;
   o->check_rows = CLI_DEFAULT;
   o->tol = 1e-2;
@@ -152,6 +153,11 @@ static int apply(cli_options *o, opt_id id, const char *name, const char *v, cha
       else if (strcmp(v, "f32") == 0) o->grad_mode = MOK_GRAD_ACCUMULATE_F32;
       else return fail(err, len, "--grad-mode '%s': expected bf16 or f32", v);
       return 0;
+    case OPT_PRECISION:
+      if (strcmp(v, "bf16") == 0) o->precision = MOK_BF16;
+      else if (strcmp(v, "fp8") == 0) o->precision = MOK_FP8;
+      else return fail(err, len, "--precision '%s': expected bf16 or fp8", v);
+      return 0;
     case OPT_SEED:
       errno = 0;
       o->seed = strtoull(v, &end, 10);
@@ -195,6 +201,7 @@ static int resolve(cli_options *o, char *err, size_t len) {
     return fail(err, len, "--shape '%s': expected one of %s", o->shape_name, names);
   }
   o->shape = cli_scale(s, o->scale, o->tokens);
+  o->shape.precision = o->precision;
   int cuda = o->backend == MOK_BACKEND_CUDA;
   if (o->shape.experts % o->ep != 0)
     return fail(err, len, "--ep %d: the shape's %d experts do not split over %d ranks", o->ep,

@@ -48,12 +48,14 @@ typedef struct cli_options {
   int cluster;              /* --cluster, default auto (0, which is 2): mok_context_config.cluster */
   int ep;                   /* --ep, default 1: emulated expert-parallel ranks (CPU) */
   mok_grad_mode grad_mode;  /* --grad-mode, default bf16 */
+  mok_precision precision;  /* --precision, default bf16 (DESIGN.md §8: fp8) */
   int check_tokens;         /* run --check-tokens, default 8 */
   int check_rows;           /* run --check-rows, default CLI_DEFAULT: see CLI_CHECK_ROWS */
   double tol;               /* run --tol, default 1e-2 */
   int warmup, repeat;       /* bench --warmup, --repeat; CLI_DEFAULT until cli_parse ends */
   const char *json;         /* bench --json FILE, NULL = none */
-  mok_shape shape;          /* filled by cli_parse: the layer after --scale and --tokens */
+  mok_shape shape;          /* filled by cli_parse: the layer after --scale and --tokens, at
+                             * --precision */
 } cli_options;
 
 /* run checks, by default, up to CLI_CHECK_ROWS rows of each weight gradient while the float64

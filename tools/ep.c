@@ -35,8 +35,9 @@ typedef struct ep_rank {
   int cuda;
   cudaStream_t stream;
   void *dev_out[OUT_COUNT];
-  void *dev_in[24];          /* inputs (10), outputs (9), saved */
+  void *dev_in[24];          /* inputs (10), outputs (9), saved, the FP8 weights */
   int n_in;
+  void *fp8_host;            /* cpu at fp8: the rank's FP8 weight buffer */
 } ep_rank;
 
 static size_t out_bytes(const ep_rank *u, int i) { return (size_t)u->n[i] * (size_t)u->elem[i]; }
@@ -133,6 +134,23 @@ static int rank_open(ep_rank *u, const cli_options *o, int r, int R, mok_ep_grou
   return 0;
 }
 
+/* fp8: the rank quantizes its experts' bf16 weights into its FP8 buffer, which forward and
+ * backward then read alone. */
+static int rank_quantize(ep_rank *u) {
+  const size_t bytes = mok_fp8_weights_bytes(u->ws);
+  void *fp8 = u->cuda ? rank_upload(u, NULL, bytes)
+                      : (u->fp8_host = aligned_alloc(256, (bytes + 255) / 256 * 256));
+  if (!fp8) {
+    if (!u->cuda) tool_error("no host memory for %zu bytes of FP8 weights", bytes);
+    return -1;
+  }
+  mok_status st = mok_quantize_weights(u->ws, &u->f.w, fp8, u->stream);
+  if (st == MOK_OK && u->cuda) st = mok_check(u->ws, u->stream);
+  if (st != MOK_OK) return tool_mok_error("mok_quantize_weights", st);
+  u->f.w = u->b.w = (mok_weights){.fp8 = fp8};
+  return 0;
+}
+
 /* The opened rank r of R over tokens [r T, (r+1) T) and experts [r E/R, (r+1) E/R) of L: its
  * saved buffer and arguments (on cuda, device copies of its inputs). */
 static int rank_bind(ep_rank *u, const mok_host_layer *L, const cli_options *o, int r, int R,
@@ -155,7 +173,8 @@ static int rank_bind(ep_rank *u, const mok_host_layer *L, const cli_options *o, 
                   u->out[OUT_DWS_GATE], u->out[OUT_DWS_UP], u->out[OUT_DWS_DOWN]};
   u->b = (mok_backward_args){T, u->f.x, u->f.topk_ids, u->f.topk_weights, w, saved,
                              L->dy + r * T * H, u->out[OUT_DX], u->out[OUT_DTW], gr, o->grad_mode};
-  return u->cuda ? rank_to_device(u, L, T, El) : 0;
+  if (u->cuda && rank_to_device(u, L, T, El)) return -1;
+  return gs->precision == MOK_FP8 ? rank_quantize(u) : 0;
 }
 
 /* Every output to NaN (all bits set), so a value a run forgot to write shows. */
@@ -168,6 +187,7 @@ static void rank_poison(ep_rank *u) {
 
 static void rank_fini(ep_rank *u) {
   if (!u->cuda) free(u->f.saved);
+  free(u->fp8_host);
   for (int i = 0; i < u->n_in; i++) cudaFree(u->dev_in[i]);
   if (u->stream) cudaStreamDestroy(u->stream);
   for (int i = 0; i < OUT_COUNT; i++) free(u->out[i]);

@@ -172,8 +172,7 @@ int tool_layer_create(tool_layer *L, const cli_options *o) {
   describe_outputs(L);
   size_t out_bytes = mok_saved_bytes(L->ws, T);
   for (int i = 0; i < OUT_COUNT; i++) out_bytes += tensor_bytes(&L->out[i]);
-  t0 = tool_step("%s inputs, allocating outputs (%.2f GB)",
-                 on_cuda(L) ? "copying to the GPU" : "preparing", 1e-9 * (double)out_bytes);
+  t0 = tool_step("%s inputs", on_cuda(L) ? "copying to the GPU" : "preparing");
   const mok_host_layer *in = &L->in;
   const mok_weights hw = mok_host_layer_weights(in);
   mok_weights w = {0};
@@ -184,6 +183,17 @@ int tool_layer_create(tool_layer *L, const cli_options *o) {
       upload(L, hw.w_down, wb, &w.w_down) || upload(L, hw.ws_gate, sb, &w.ws_gate) ||
       upload(L, hw.ws_up, sb, &w.ws_up) || upload(L, hw.ws_down, sb, &w.ws_down))
     return -1;
+  tool_done(t0);
+  if (s->precision == MOK_FP8) { /* forward and backward read the FP8 buffer alone */
+    t0 = tool_step("quantizing the weights (mok_quantize_weights)");
+    void *fp8;
+    if (backend_alloc(L, mok_fp8_weights_bytes(L->ws), &fp8)) return -1;
+    TRY_MOK(mok_quantize_weights(L->ws, &w, fp8, L->stream));
+    if (on_cuda(L)) TRY_CUDA(cudaStreamSynchronize((cudaStream_t)L->stream));
+    w = (mok_weights){.fp8 = fp8};
+    tool_done(t0);
+  }
+  t0 = tool_step("allocating outputs (%.2f GB)", 1e-9 * (double)out_bytes);
   void *saved;
   if (backend_alloc(L, mok_saved_bytes(L->ws, T), &saved)) return -1;
   for (int i = 0; i < OUT_COUNT; i++) {

@@ -35,6 +35,7 @@ static void usage(FILE *f) {
       "  mok info\n"
       "  mok run --shape dsv3 --scale 1/16 --backend cpu\n"
       "  mok run --shape qwen3-30b-a3b --backend cuda --grad-mode f32\n"
+      "  mok run --shape dsv3 --scale 1/16 --backend cpu --precision fp8\n"
       "  mok bench --shape dsv3 --backend cuda --repeat 50 --json dsv3.json\n"
       "\n"
       "exit status: 0 success, 1 a library call or a check failed, 2 a bad command line.\n",
@@ -66,6 +67,10 @@ static void layer_options_help(void) {
       "                    every backend (default 1)\n"
       "  --grad-mode M     bf16: weight gradients written as bf16; f32: added to fp32 main-grad\n"
       "                    buffers, which mok zeroes before each backward (default bf16)\n"
+      "  --precision P     bf16, or fp8: every product on e4m3 operands with fp32 scales per\n"
+      "                    1 x 128 and 128 x 128 (DESIGN.md section 8); the bf16 weights are\n"
+      "                    quantized once, before the runs, with mok_quantize_weights, and\n"
+      "                    run's float64 check follows the same recipe (default bf16)\n"
       "  --ep R            R emulated expert-parallel ranks (a thread each; on cuda also a\n"
       "                    stream each, all on one GPU), T\n"
       "                    tokens and E/R experts each: run compares every output but the\n"
@@ -202,8 +207,8 @@ static void print_header(const char *cmd, const cli_options *o) {
   else
     printf("cuda (device %d)", o->device);
   if (o->backend == MOK_BACKEND_CUDA && o->cluster) printf(", clusters of %d", o->cluster);
-  printf(", seed %llu, grad-mode %s\n", (unsigned long long)o->seed,
-         o->grad_mode == MOK_GRAD_ACCUMULATE_F32 ? "f32" : "bf16");
+  printf(", precision %s, seed %llu, grad-mode %s\n", o->precision == MOK_FP8 ? "fp8" : "bf16",
+         (unsigned long long)o->seed, o->grad_mode == MOK_GRAD_ACCUMULATE_F32 ? "f32" : "bf16");
   fflush(stdout);
 }
 
@@ -321,8 +326,9 @@ static int write_json(const cli_options *o, double flops, stats f, stats b, cons
   if (cuda) fprintf(j, "%d", o->cluster ? o->cluster : 2); /* auto (0) is 2 */
   else fprintf(j, "null");
   fprintf(j, ", \"seed\": %llu,\n", (unsigned long long)o->seed);
-  fprintf(j, "  \"grad_mode\": \"%s\", \"ep\": %d, \"warmup\": %d, \"repeat\": %d,\n",
-          o->grad_mode == MOK_GRAD_ACCUMULATE_F32 ? "f32" : "bf16", o->ep, o->warmup, o->repeat);
+  fprintf(j, "  \"grad_mode\": \"%s\", \"precision\": \"%s\", \"ep\": %d, \"warmup\": %d, "
+          "\"repeat\": %d,\n", o->grad_mode == MOK_GRAD_ACCUMULATE_F32 ? "f32" : "bf16",
+          o->precision == MOK_FP8 ? "fp8" : "bf16", o->ep, o->warmup, o->repeat);
   fprintf(j, "  \"forward_flops\": %.6e, \"backward_flops\": %.6e,\n", flops, 2 * flops);
   fprintf(j, "  \"forward_ms\": %.6f, \"forward_ms_min\": %.6f, \"forward_ms_max\": %.6f,\n",
           f.median, f.min, f.max);

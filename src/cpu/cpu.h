@@ -166,8 +166,8 @@ void cpu_q_row(float *v, int64_t n);
 /* dst[r] = Q_row of the bf16 row src[r], for `rows` rows of n values, by a team of its own. */
 void cpu_q_rows_bf16(const mok_workspace *ws, float *dst, const uint16_t *src, int64_t rows,
                      int64_t n);
-/* Q_col in place over `rows` rows of `cols` values, `stride` apart: each column of each block of
- * 128 rows from row 0 is a group. Call inside a parallel region (the team splits the columns). */
-void cpu_q_cols(float *m, int64_t rows, int64_t cols, int64_t stride);
+/* Q_col in place of one column: `rows` values `stride` apart, in groups of 128 rows from the
+ * first. */
+void cpu_q_col(float *v, int64_t rows, int64_t stride);
 
 #endif /* MOK_CPU_H */

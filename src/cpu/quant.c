@@ -49,15 +49,13 @@ void cpu_q_rows_bf16(const mok_workspace *ws, float *dst, const uint16_t *src, i
   }
 }
 
-void cpu_q_cols(float *m, int64_t rows, int64_t cols, int64_t stride) {
-  #pragma omp for schedule(static)
-  for (int64_t c = 0; c < cols; c++)
-    for (int64_t r0 = 0; r0 < rows; r0 += G) {
-      const int64_t len = rows - r0 < G ? rows - r0 : G;
-      float *v = m + r0 * stride + c;
-      const int e = mok_fp8_scale_exp(amax_of(v, len, stride));
-      for (int64_t r = 0; r < len; r++) v[r * stride] = q_value(v[r * stride], e);
-    }
+void cpu_q_col(float *v, int64_t rows, int64_t stride) {
+  for (int64_t r0 = 0; r0 < rows; r0 += G) {
+    const int64_t len = rows - r0 < G ? rows - r0 : G;
+    float *b = v + r0 * stride;
+    const int e = mok_fp8_scale_exp(amax_of(b, len, stride));
+    for (int64_t r = 0; r < len; r++) b[r * stride] = q_value(b[r * stride], e);
+  }
 }
 
 void cpu_fp8_decode_row(float *dst, const uint8_t *q, const float *s, int64_t n) {

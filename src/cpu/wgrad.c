@@ -75,23 +75,26 @@ static void grad_row(int64_t q, int64_t n, int64_t H, int64_t I, const float *dy
 /* MOK_FP8: the operands, Q_col in place: each column of an expert's rows in blocks of 128 from
  * its segment's start (the padding rows past its count are zeros, which change no block's
  * amax, so they are left out), and of the shared expert's tokens in blocks of 128 from token 0.
- * Inside the parallel region. */
+ * Column by column over the team (inside the parallel region). */
 static void quantize_operands(const mok_workspace *ws, const cpu_saved *sv, int64_t tokens) {
   const cpu_state *st = cpu_state_of(ws);
   const int64_t H = ws->shape.hidden, I = ws->shape.inter, Is = ws->shape.shared_inter;
-  for (int64_t e = 0; e < ws->experts_local; e++) {
-    const int64_t r0 = sv->offsets[e], n = sv->counts[e];
-    if (n == 0) continue;
-    cpu_q_cols(st->dyr + r0 * H, n, H, H);
-    cpu_q_cols(st->xr + r0 * H, n, H, H);
-    cpu_q_cols(st->hwf + r0 * I, n, I, I);
-    cpu_q_cols(st->dguf + r0 * 2 * I, n, 2 * I, 2 * I);
+  const int64_t El = ws->experts_local;
+  /* an expert's columns: dy, x [n, H], then hw [n, I], then dgu [n, 2I] */
+  const int64_t per_expert = 2 * H + 3 * I, shared = Is ? 2 * H + 3 * Is : 0;
+  #pragma omp for schedule(static)
+  for (int64_t item = 0; item < El * per_expert + shared; item++) {
+    const int own = item < El * per_expert;
+    const int64_t e = own ? item / per_expert : 0, c = own ? item % per_expert : item - El * per_expert;
+    const int64_t n = own ? sv->counts[e] : tokens, r0 = own ? sv->offsets[e] : 0;
+    const int64_t In = own ? I : Is;
+    float *dy = own ? st->dyr + r0 * H : st->dyf, *x = own ? st->xr + r0 * H : st->xf;
+    float *hw = own ? st->hwf + r0 * I : st->hsf, *dgu = own ? st->dguf + r0 * 2 * I : st->dgusf;
+    if (c < H) cpu_q_col(dy + c, n, H);
+    else if (c < 2 * H) cpu_q_col(x + c - H, n, H);
+    else if (c < 2 * H + In) cpu_q_col(hw + c - 2 * H, n, In);
+    else cpu_q_col(dgu + c - 2 * H - In, n, 2 * In);
   }
-  if (Is == 0) return;
-  cpu_q_cols(st->dyf, tokens, H, H);
-  cpu_q_cols(st->xf, tokens, H, H);
-  cpu_q_cols(st->hsf, tokens, Is, Is);
-  cpu_q_cols(st->dgusf, tokens, 2 * Is, 2 * Is);
 }
 
 void cpu_weight_grads(mok_workspace *ws, const cpu_saved *sv, int64_t tokens,
