@@ -20,6 +20,8 @@
 #define RT_THREADS 256
 #define RT_CHUNK 256 /* tokens per partial sum of the losses */
 #define RT_SPLITS 16 /* most token ranges dW_r is split into */
+#define RT_TOKENS 64 /* threads of a block of the thread-per-token kernels: small, so that a few
+                      * thousand tokens still spread over every SM */
 
 /* Scratch of one router (T = max_tokens), in one device allocation. */
 typedef struct cuda_router {
@@ -323,7 +325,7 @@ static mok_status forward_on_device(mok_router *r, const mok_router_forward_args
       (const __nv_bfloat16 *)a->x, (const __nv_bfloat16 *)a->w_router, T, E, H, logits);
   CUDA_TRY(cudaGetLastError(), "logits");
   CUDA_TRY(cudaMemsetAsync(counts, 0, (size_t)E * 4, stream), "counts");
-  router_select<<<cdiv(T, 128), 128, 0, stream>>>(
+  router_select<<<cdiv(T, RT_TOKENS), RT_TOKENS, 0, stream>>>(
       logits, a->bias, p, T, (int32_t *)(saved + L.ids), a->topk_ids, a->topk_weights, counts,
       st->rows, a->aux_loss != NULL, a->z_loss ? st->lse : NULL);
   CUDA_TRY(cudaGetLastError(), "select");
@@ -358,7 +360,7 @@ static mok_status backward_on_device(mok_router *r, const mok_router_backward_ar
   const int T = (int)a->tokens, E = c->experts, H = (int)c->hidden;
   const mok_router_layout L = mok_router_layout_of(r, T);
   const char *saved = (const char *)a->saved;
-  router_dlogits<<<cdiv(T, 128), 128, 0, stream>>>(
+  router_dlogits<<<cdiv(T, RT_TOKENS), RT_TOKENS, 0, stream>>>(
       (const float *)(saved + L.logits), (const int32_t *)(saved + L.ids), a->d_topk_weights, p,
       (const int32_t *)(saved + L.counts), a->d_aux_loss, a->d_z_loss, T, st->srow, st->rows);
   CUDA_TRY(cudaGetLastError(), "d_logits");
