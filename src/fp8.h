@@ -4,8 +4,9 @@
  * scale of a group of values.
  *
  * e4m3 is OCP E4M3FN: bias 7, largest finite 448 (0x7e), no infinity, NaN 0x7f (0xff also
- * reads as NaN), subnormals down to 2^-9. Encoding rounds to nearest, ties to even, and saturates: a finite
- * value or an infinity beyond 448 in magnitude becomes +-448, as PTX's cvt.rn.satfinite does.
+ * reads as NaN), subnormals down to 2^-9. Encoding rounds to nearest, ties to even, and
+ * saturates: a finite value or an infinity beyond 448 in magnitude becomes +-448, as PTX's
+ * cvt.rn.satfinite does.
  *
  * A group's scale is 2^e with e the least integer such that amax <= 448 * 2^e, kept in
  * [-126, 126] so that 2^e and 2^-e are both normal fp32 numbers; a group of zeros gets e = 0.

@@ -195,12 +195,13 @@ STUB
   check cli/gpu_check_ep_1_gpu_launches_nothing 1 '' -- test -e "$tmp/gc/launches"
   check cli/gpu_check_ep_launch_fails 1 'ep2-tests +FAIL  rc=3.*ep-bench +FAIL' -- \
     env GPUS=2 EP_RC=3 "${gc[@]}"
-  # sanitize: memcheck and racecheck of the small-shape test, through a recording stand-in.
+  # sanitize: memcheck and racecheck of the small-shape tests (BF16, FP8), through a recording
+  # stand-in.
   printf '#!/bin/sh\necho "$*" >>"$OUT/sanitizer"\n' >"$tmp/stub/compute-sanitizer"
   chmod +x "$tmp/stub/compute-sanitizer"
   check cli/gpu_check_sanitize 0 'memcheck +ok.*racecheck +ok' -- \
     env PATH="$tmp/stub:$PATH" OUT="$tmp/gcs" tools/gpu-check.sh sanitize
-  check cli/gpu_check_sanitize_runs 0 '^--tool memcheck --error-exitcode 1 ./build/test_gpu gpu/layer_vs_cpu_small_shapes --tool racecheck' -- \
+  check cli/gpu_check_sanitize_runs 0 '^--tool memcheck --error-exitcode 1 ./build/test_gpu gpu/layer_vs_cpu_small_shapes --tool memcheck --error-exitcode 1 ./build/test_gpu gpu/fp8_layer_vs_cpu_small_shapes --tool racecheck' -- \
     cat "$tmp/gcs/sanitizer"
   # More than 8 files under $OUT (the most the device returns): all packed into logs.tgz, and a
   # benchmark table stays beside it.

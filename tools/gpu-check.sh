@@ -10,8 +10,8 @@
 #       of a step ($OUT/train/curves.json, curves.png). Then bench/router.py: fine-7b,
 #       qwen3-30b-a3b and dsv3 with the router included, mok against a PyTorch router feeding
 #       grouped_mm ($OUT/train/router.json). The router's GPU tests are in `tests`.
-#   sanitize: compute-sanitizer's memcheck and racecheck on the small-shape GPU test (minutes
-#       each, so not in all); clusters of 2 x 1 and of 2 x 2 both run there.
+#   sanitize: compute-sanitizer's memcheck and racecheck on the small-shape GPU tests, BF16 and
+#       FP8 (minutes each, so not in all); clusters of 2 x 1 and of 2 x 2 both run there.
 #   ep: expert parallelism over every visible GPU, one process per GPU (issue 7): the GPU tests,
 #       python/tests/ep_nccl.py (D4 against ep = 1, a late rank, a missing rank) at ep = 2, 4 and
 #       8 as far as the GPUs go, then bench/ep.py at the largest; NVLink multicast off. It can
@@ -78,6 +78,8 @@ if [ "$what" = sanitize ]; then
   for tool in memcheck racecheck; do
     step "$tool" 540 compute-sanitizer --tool "$tool" --error-exitcode 1 \
       ./build/test_gpu gpu/layer_vs_cpu_small_shapes
+    step "$tool-fp8" 540 compute-sanitizer --tool "$tool" --error-exitcode 1 \
+      ./build/test_gpu gpu/fp8_layer_vs_cpu_small_shapes
   done
 fi
 if [ "$what" = ep ] || [ "$what" = ep-tests ] || [ "$what" = ep-bench ]; then

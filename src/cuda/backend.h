@@ -93,7 +93,8 @@ typedef struct scratch_layout {
   size_t dyr;           /* bf16 [rows_cap, H] routed dy rows (bwd); at ep = 1 also slots */
   size_t slots;         /* bf16 [T*k, H] expert output (fwd) / dx (bwd) per slot. At ep = 1 it
                          * is dyr: the forward has no dy rows, and the backward's gate/up dgrad
-                         * writes it after the last reader of dy rows (down's weight gradient).
+                         * writes it after the last reader of dy rows (down's weight gradient;
+                         * FP8: their quantization).
                          * At ep > 1 it is memory of its own: peers write their rows into it
                          * while this rank may still read its dy rows. */
   size_t dgu;           /* bf16 [rows_cap, 2I] */
@@ -101,7 +102,7 @@ typedef struct scratch_layout {
   size_t rows_f32;      /* f32 [T, H] shared-expert output (fwd) / dx (bwd); none if I_s = 0.
                          * It is xr: written by the shared expert's second product, which runs
                          * after the last reader of x rows (the routed gate/up forward; the
-                         * routed gate/up weight gradient) */
+                         * routed gate/up weight gradient; FP8: their quantizations) */
   size_t dgus;          /* bf16 [T, 2I_s] */
   fp8_scratch f8;       /* MOK_FP8 only (sizes 0 otherwise) */
   size_t bytes;
@@ -160,7 +161,9 @@ static inline call call_of(mok_workspace *ws, int64_t tokens, const void *saved,
 }
 
 static inline const int32_t *status_of(const call *c) { return c->status; }
-static inline const ep_table *table_of(const call *c) { return AT(c->scratch, c->L->table, ep_table); }
+static inline const ep_table *table_of(const call *c) {
+  return AT(c->scratch, c->L->table, ep_table);
+}
 /* Whose routed x rows xr holds (rows.cu), where they outlive the forward: ep = 1 (a group's rows
  * come from other ranks' inputs) without a shared expert (its fp32 rows go over them); else
  * NULL. */

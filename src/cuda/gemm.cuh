@@ -392,7 +392,7 @@ MOK_DEV void store_f32_row(float *row, int col0, int n, const float *d, int h, i
   }
 }
 
-/* ---- FP8 (DESIGN §8.2) ------------------------------------------------------------------------ */
+/* ---- FP8 (DESIGN §8.2) ---------------------------------------------------------------------- */
 /* The same pipeline and tiles, with e4m3 operands: a k-block is 128 of K (one 128-byte swizzle
  * row, as a bf16 k-block of 64), and each stage also holds A's scales for the block's 128 rows
  * (and, for the weight gradients, B's for its 256 rows), which TMA brings with the tile. */
@@ -440,6 +440,7 @@ MOK_DEV void gemm8_consume(gemm8_smem *sm, gemm_pipe *p, int k_blocks, int ctas,
 #pragma unroll
       for (int i = 0; i < 64; i++) fence_operand(tmp[i]);
       wgmma_fence();
+      /* tmp is not read by the first wgmma (accumulate = 0), so it needs no zeroing */
 #pragma unroll
       for (int kk = 0; kk < GEMM8_BK / 32; kk++) /* k32 steps are 32 bytes into the rows */
         wgmma_128_e4m3(tmp, smem_desc_sw128(a + kk * 32, 16, 1024),
@@ -448,7 +449,7 @@ MOK_DEV void gemm8_consume(gemm8_smem *sm, gemm_pipe *p, int k_blocks, int ctas,
       wgmma_wait_group<0>();
 #pragma unroll
       for (int i = 0; i < 64; i++) fence_operand(tmp[i]);
-      float *dh = d + 64 * h;
+      float *dh = d + 64 * h; /* m64n128's fragment is groups 16h.. of m64n256's (acc_position) */
       if (BSCALE == BSCALE_BLOCK) {
         const float s0 = sa0 * sbw[h], s1 = sa1 * sbw[h];
 #pragma unroll

@@ -31,7 +31,7 @@ template <int KIND> MOK_DEV gemm_tile tile8(const gemm_args *g, int q, int rank,
   return rowgroup_tile(g, q, tile8_bn<KIND>(), rank, 1, memo, GEMM8_BK);
 }
 
-/* ---- loads: codes and scales of k-block kb into stage s --------------------------------------- */
+/* ---- loads: codes and scales of k-block kb into stage s -------------------------------------- */
 template <int KIND>
 MOK_DEV void load8(const gemm8_args *a, gemm8_smem *sm, int s, const gemm_tile *tl, int rank,
                    int kb) {
@@ -82,7 +82,7 @@ template <int KIND> struct weight_scale {
   }
 };
 
-/* ---- the gate/up forward's epilogue ----------------------------------------------------------- */
+/* ---- the gate/up forward's epilogue ---------------------------------------------------------- */
 /* epi_swiglu_fwd's gu and hw, and hw's codes: the tile holds 128 columns of I, one Q_row group,
  * so each row's scale is the amax of its 128 rounded hw values, over the quad that holds them.
  * The quad exchange that gives each thread 8 contiguous columns of hw for its 16-byte store also
@@ -188,7 +188,8 @@ MOK_DEV void consume8(const gemm8_args *a, gemm8_smem *sm, int rank, int cw, gem
 }
 
 template <int KIND>
-__global__ void __launch_bounds__(GEMM_THREADS, 1) gemm8_kernel(const __grid_constant__ gemm8_args a) {
+__global__ void __launch_bounds__(GEMM_THREADS, 1)
+    gemm8_kernel(const __grid_constant__ gemm8_args a) {
   if (*a.g.status) return; /* the same word for every CTA: the whole grid leaves */
   extern __shared__ char smem_raw[];
   if (!GEMM_ARCH_OK) __trap();

@@ -9,8 +9,8 @@
  *   forward:  dispatch x -> Q_row(x rows) -> gate/up (SwiGLU, Q_row(hw)) -> [shared: Q_row(x),
  *             gate/up] -> down -> [shared down] -> combine
  *   backward: dispatch x, dy -> Q_row, Q_col(dy rows) -> down dgrad (SwiGLU bwd, router
- *             partials) -> Q_row, Q_col(dgu) -> Q_col(hw) -> down weight grad -> gate/up dgrad
- *             -> Q_col(x rows) -> gate/up weight grad -> [shared expert, likewise] -> combine,
+ *             partials) -> Q_row, Q_col(dgu) -> Q_col(hw) -> down weight grad -> Q_col(x rows)
+ *             -> gate/up dgrad -> gate/up weight grad -> [shared expert, likewise] -> combine,
  *             router gradient
  * Memory that two steps share in the BF16 order (backend.h) is shared in the same order here:
  * the slot rows are written (gate/up dgrad) after the dy rows' last reader (their quantization),
@@ -20,7 +20,7 @@
 
 #include "cuda/backend.h"
 
-/* ---- the weights' FP8 buffer ------------------------------------------------------------------ */
+/* ---- the weights' FP8 buffer ----------------------------------------------------------------- */
 typedef struct w8 {
   const uint8_t *q, *qt;
   const float *s;
@@ -52,8 +52,15 @@ mok_status cuda_fp8_weights(mok_workspace *ws, const mok_weights *w, const mok_f
   }
   static const char *names[MOK_W_COUNT] = {"w_gate", "w_up", "w_down", "ws_gate", "ws_up",
                                            "ws_down"};
-  cudaStream_t s = (cudaStream_t)stream;
+  /* Every pointer is checked before anything is queued: a refused call leaves fp8 as it was. */
   mok_status st = check_device(fp8, "fp8");
+  for (int i = 0; i < MOK_W_COUNT && st == MOK_OK; i++) {
+    if (!L.m[i].experts) continue;
+    if (w) st = check_device(bf16[i], names[i]);
+    if (!w && st == MOK_OK) st = check_device(in[i]->q, names[i]);
+    if (!w && st == MOK_OK) st = check_device(in[i]->s, names[i]);
+  }
+  cudaStream_t s = (cudaStream_t)stream;
   for (int i = 0; i < MOK_W_COUNT && st == MOK_OK; i++) {
     const mok_fp8_matrix_layout *m = &L.m[i];
     if (!m->experts) continue;
@@ -63,14 +70,9 @@ mok_status cuda_fp8_weights(mok_workspace *ws, const mok_weights *w, const mok_f
     const size_t scales = (size_t)(m->experts * ((m->n + 127) / 128) * ((m->k + 127) / 128));
     cudaError_t e;
     if (w) {
-      st = check_device(bf16[i], names[i]);
-      if (st != MOK_OK) break;
       e = quant_weights_launch((const __nv_bfloat16 *)bf16[i], m->experts, m->n, m->k, q, qt, sc,
                                s);
     } else {
-      st = check_device(in[i]->q, names[i]);
-      if (st == MOK_OK) st = check_device(in[i]->s, names[i]);
-      if (st != MOK_OK) break;
       e = cudaMemcpyAsync(q, in[i]->q, codes, cudaMemcpyDeviceToDevice, s);
       if (e == cudaSuccess)
         e = cudaMemcpyAsync(sc, in[i]->s, scales * 4, cudaMemcpyDeviceToDevice, s);
@@ -82,7 +84,7 @@ mok_status cuda_fp8_weights(mok_workspace *ws, const mok_weights *w, const mok_f
   return st;
 }
 
-/* ---- arguments -------------------------------------------------------------------------------- */
+/* ---- arguments ------------------------------------------------------------------------------- */
 static mok_status map8(CUtensorMap *m, const void *p, int64_t rows, int64_t cols, int64_t ld) {
   const int r = tma_map_2d_u8(m, p, rows, cols, ld, 128);
   if (r) return mok_fail(MOK_ERR_CUDA, "cuTensorMapEncodeTiled (e4m3 %lld x %lld) failed: %d",
@@ -280,7 +282,7 @@ static mok_status quant8(const call *c, int routed, const fp8_rows *F, const voi
   return MOK_OK;
 }
 
-/* ---- forward and backward ---------------------------------------------------------------------- */
+/* ---- forward and backward -------------------------------------------------------------------- */
 mok_status forward8(const call *c, const mok_forward_args *a, int compute_y) {
   const fp8_rows *F = &c->L->f8.routed, *Fs = &c->L->f8.shared;
   const w8 wg = w8_of(c, a->w.fp8, MOK_W_GATE), wu = w8_of(c, a->w.fp8, MOK_W_UP),

@@ -14,7 +14,7 @@
 #define QPAD 8          /* bf16 of padding a row of the tile, against bank conflicts */
 #define QTHREADS 256    /* two threads a row (or column), 64 values each */
 
-typedef struct quant_tile {
+typedef struct __align__(16) quant_tile { /* tile_load stores 16 bytes at a time */
   __nv_bfloat16 v[QT][QT + QPAD];
 } quant_tile;
 
@@ -62,10 +62,11 @@ MOK_DEV void half_encode(const quant_tile *t, int line, int h, int along, float 
   }
 }
 
-/* Activations (quant_args): grid (column tiles, row tiles). */
+/* Activations (quant_args): grid (row tiles, column tiles): rows may pass 65535 tiles, which
+ * grid.y cannot hold. */
 __global__ void __launch_bounds__(QTHREADS) quant_kernel(const quant_args a) {
   if (a.status && *a.status) return;
-  const int r0 = blockIdx.y * QT, c0 = blockIdx.x * QT;
+  const int r0 = blockIdx.x * QT, c0 = blockIdx.y * QT;
   if (a.live && r0 >= *a.live) return;
   __shared__ quant_tile t;
   tile_load(&t, a.src, a.ld_src, a.rows, a.cols, r0, c0);
@@ -74,7 +75,9 @@ __global__ void __launch_bounds__(QTHREADS) quant_kernel(const quant_args a) {
     float m = half_amax(&t, line, h, 0);
     m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
     const int e = mok_fp8_scale_exp(m);
-    const int n = min(64, a.ld_q - c0 - 64 * h); /* codes up to the row's end, zeros past cols */
+    /* codes up to the row's end (ld_q from a.q: the dû half's q starts I' in, and its column
+     * tiles stop at I'), zero codes past cols */
+    const int n = min(64, a.ld_q - c0 - 64 * h);
     if (r0 + line < a.rows) {
       if (n > 0)
         half_encode(&t, line, h, 0, mok_pow2f(-e),
@@ -95,7 +98,7 @@ __global__ void __launch_bounds__(QTHREADS) quant_kernel(const quant_args a) {
 }
 
 cudaError_t quant_launch(const quant_args *a, cudaStream_t stream) {
-  const dim3 grid((a->cols + QT - 1) / QT, (a->rows + QT - 1) / QT);
+  const dim3 grid((a->rows + QT - 1) / QT, (a->cols + QT - 1) / QT);
   quant_kernel<<<grid, QTHREADS, 0, stream>>>(*a);
   return cudaGetLastError();
 }

@@ -1,7 +1,8 @@
 /*
  * tma.cu: tensor maps (TMA descriptors) for row-major matrices: bf16 and e4m3 operands in
- * 128-byte swizzled boxes (64 or 128 columns), and FP8 scale vectors. cuTensorMapEncodeTiled is a driver function; it is looked up once through the
- * runtime so that libmok never links libcuda (and loads on machines without a GPU driver).
+ * 128-byte swizzled boxes (64 or 128 columns), and FP8 scale vectors. cuTensorMapEncodeTiled is
+ * a driver function; it is looked up once through the runtime so that libmok never links libcuda
+ * (and loads on machines without a GPU driver).
  * Out-of-range box elements read as zeros: a 3D map per expert keeps a tile that overhangs an
  * expert's rows from reading its neighbour's.
  */

@@ -28,6 +28,7 @@ typedef struct grank {
   mok_forward_args f;
   mok_backward_args b;
   void *shared_g[3];       /* this rank's shared-expert gradients */
+  void *fp8;               /* MOK_FP8: this rank's FP8 weights, from its slice of the bf16 ones */
   int absent;              /* never calls */
   mok_status fwd, bwd, chk;
   double t[4];             /* host clock at the thread's start and as each call returned */
@@ -64,10 +65,17 @@ static int gsetup_init(gsetup *s, gpu_layer *d, int ep, int64_t routed_rows, int
     if (!u->ws) return 0;
     CUDA_CHECK(cudaStreamCreateWithFlags(&u->stream, cudaStreamNonBlocking));
     const int64_t t0 = r * Tr, e0 = r * El;
-    mok_weights w = F.w;
-    w.w_gate = (const char *)F.w.w_gate + e0 * I * H * 2;
-    w.w_up = (const char *)F.w.w_up + e0 * I * H * 2;
-    w.w_down = (const char *)F.w.w_down + e0 * H * I * 2;
+    mok_weights w = {d->w[G_GATE], d->w[G_UP], d->w[G_DOWN], d->w[GS_GATE], d->w[GS_UP],
+                     d->w[GS_DOWN], NULL};
+    w.w_gate = (const char *)w.w_gate + e0 * I * H * 2;
+    w.w_up = (const char *)w.w_up + e0 * I * H * 2;
+    w.w_down = (const char *)w.w_down + e0 * H * I * 2;
+    if (gs->precision == MOK_FP8) { /* a rank's FP8 buffer holds its experts only */
+      CUDA_CHECK(cudaMalloc(&u->fp8, mok_fp8_weights_bytes(u->ws)));
+      CHECK_OK(mok_quantize_weights(u->ws, &w, u->fp8, 0));
+      const mok_weights w8 = {NULL, NULL, NULL, NULL, NULL, NULL, u->fp8};
+      w = w8;
+    }
     u->f = F;
     u->f.tokens = Tr;
     u->f.x = (const char *)F.x + t0 * H * 2;
@@ -104,6 +112,7 @@ static void gsetup_fini(gsetup *s) {
   for (int r = 0; r < s->ep; r++) {
     grank *u = &s->r[r];
     cudaFree(u->f.saved);
+    cudaFree(u->fp8);
     for (int i = 0; i < 3; i++) cudaFree(u->shared_g[i]);
     if (u->stream) cudaStreamDestroy(u->stream);
     if (u->graph) cudaGraphExecDestroy(u->graph);
@@ -192,10 +201,11 @@ static void check_slot_row(const gsetup *s, const mok_shape *shape) {
 /* 256 tokens, H 128, I 128, I_s 64, 16 experts, top-4. */
 static const mok_shape ep_shape = {256, 128, 128, 64, 16, 4, MOK_BF16, 0};
 
-static void d4_and_reference(void) {
+/* D4 at ep = 2, 4, 8 against ep = 1, and ep = 1 against the CPU backend, for `shape`. */
+static void d4_of(const mok_shape *shape) {
   harness ref, one, got;
-  if (!harness_init(&ref, &ep_shape, 256, 21, 0) || !harness_init(&one, &ep_shape, 256, 21, 0) ||
-      !harness_init(&got, &ep_shape, 256, 21, 0))
+  if (!harness_init(&ref, shape, 256, 21, 0) || !harness_init(&one, shape, 256, 21, 0) ||
+      !harness_init(&got, shape, 256, 21, 0))
     return;
   CHECK_OK(harness_run(&ref, MOK_GRAD_WRITE_BF16));
   gpu_layer d;
@@ -204,7 +214,7 @@ static void d4_and_reference(void) {
     CHECK_OK(gpu_run(&d, MOK_GRAD_WRITE_BF16, 0));
     CHECK_OK(mok_check(d.ws, 0));
     gpu_fetch(&d, &one);
-    const int64_t n = 256 * ep_shape.hidden;
+    const int64_t n = 256 * shape->hidden;
     double ey = rel_err_bf16(one.y, ref.y, (size_t)n);
     double edx = rel_err_bf16(one.dx, ref.dx, (size_t)n);
     CHECK(ey < 2e-2 && edx < 2e-2, "ep 1 against the CPU backend: y %.2e, dx %.2e", ey, edx);
@@ -224,10 +234,11 @@ static void d4_and_reference(void) {
                 mok_status_name(u->chk), u->t[0] - t0, u->t[1] - t0, u->t[2] - t0,
                 u->t[3] - t0);
         }
-        check_slot_row(&s, &ep_shape);
+        check_slot_row(&s, shape);
         gpu_fetch(&d, &got);
         char tag[32];
-        snprintf(tag, sizeof tag, "ep %d against ep 1", eps[i]);
+        snprintf(tag, sizeof tag, "%s ep %d against ep 1",
+                 shape->precision == MOK_FP8 ? "fp8" : "bf16", eps[i]);
         same_layer_bits(tag, &got, &one, 3);
       }
       gsetup_fini(&s);
@@ -237,6 +248,16 @@ static void d4_and_reference(void) {
   harness_fini(&ref);
   harness_fini(&one);
   harness_fini(&got);
+}
+
+static void d4_and_reference(void) { d4_of(&ep_shape); }
+
+/* The FP8 layer: its ranks move bf16 rows and write peers' slots and router partials as BF16's
+ * do, and each rank quantizes its own experts' weights. */
+static void d4_fp8(void) {
+  mok_shape s = ep_shape;
+  s.precision = MOK_FP8;
+  d4_of(&s);
 }
 
 /* Every rank fails the step with `want` (at mok_check; `refused` >= 0: that rank's forward and
@@ -409,6 +430,7 @@ static void graph_replay(void) {
 const test_case tests_gpu_ep[] = {
     {"gpu/ep_graph_capture_replay", graph_replay},
     {"gpu/ep_D4_and_vs_cpu", d4_and_reference},
+    {"gpu/ep_fp8_D4_and_vs_cpu", d4_fp8},
     {"gpu/ep_failures_untouched", failures_untouched},
     {"gpu/ep_saved_of_another_call_untouched", saved_of_another_call},
     {NULL, NULL},

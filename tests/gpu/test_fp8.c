@@ -79,17 +79,62 @@ static void weights_vs_cpu(void) {
   }
 }
 
+/* A refused mok_quantize_weights or mok_fp8_weights_import (a host pointer among the tensors,
+ * the last one checked) leaves the buffer as it was. */
+static void weights_refused_untouched(void) {
+  mok_shape s = fp8_shape(64, 128, 128, 64, 4, 1);
+  harness h;
+  if (harness_init(&h, &s, 64, 5, 0)) {
+    gpu_layer d;
+    if (gpu_init(&d, &h, 64, NULL)) {
+      const size_t n = mok_fp8_weights_bytes(d.ws);
+      char *got = malloc(n), *want = malloc(n);
+      memset(want, 0x5a, n);
+      mok_weights w = {d.w[G_GATE], d.w[G_UP], d.w[G_DOWN], d.w[GS_GATE], d.w[GS_UP],
+                       h.L.ws_down, NULL}; /* ws_down in host memory */
+      CUDA_CHECK(cudaMemset(d.fp8, 0x5a, n));
+      mok_status st = mok_quantize_weights(d.ws, &w, d.fp8, 0);
+      CHECK(st == MOK_ERR_INVALID_ARG && strstr(mok_last_error(), "ws_down"),
+            "quantize with a host ws_down: %s (%s)", mok_status_name(st), mok_last_error());
+      CUDA_CHECK(cudaMemcpy(got, d.fp8, n, cudaMemcpyDeviceToHost));
+      same_bits("refused quantize left the buffer", got, want, n);
+      mok_fp8_given g;
+      memset(&g, 0, sizeof g);
+      mok_fp8_matrix *m[MOK_W_COUNT] = {&g.w_gate,  &g.w_up,  &g.w_down,
+                                        &g.ws_gate, &g.ws_up, &g.ws_down};
+      const mok_fp8_layout L = mok_fp8_layout_of(d.ws);
+      void *copy = NULL;
+      CUDA_CHECK(cudaMalloc(&copy, n));
+      CUDA_CHECK(cudaMemcpy(copy, h.fp8, n, cudaMemcpyHostToDevice));
+      for (int i = 0; i < MOK_W_COUNT; i++) {
+        m[i]->q = (char *)copy + L.m[i].q;
+        m[i]->s = (const float *)((char *)copy + L.m[i].s);
+      }
+      g.ws_down.q = (char *)h.fp8 + L.m[MOK_WS_DOWN].q; /* host */
+      st = mok_fp8_weights_import(d.ws, &g, d.fp8, 0);
+      CHECK(st == MOK_ERR_INVALID_ARG && strstr(mok_last_error(), "ws_down"),
+            "import with a host ws_down: %s (%s)", mok_status_name(st), mok_last_error());
+      CUDA_CHECK(cudaMemcpy(got, d.fp8, n, cudaMemcpyDeviceToHost));
+      same_bits("refused import left the buffer", got, want, n);
+      cudaFree(copy);
+      free(got), free(want);
+    }
+    gpu_fini(&d);
+  }
+  harness_fini(&h);
+}
+
 typedef struct small_case {
   int64_t T, H, I, Is;
   int E, k;
 } small_case;
 
-/* Tiles that overhang H and I (I = 320, 448: FP8's last k-block and the gate/up dgrad's split
- * half full), one expert, T = 1, a shared expert of another I, k > 32, many experts. */
+/* Tiles that overhang H and I (I = 320, 448, 2880: FP8's last k-block and the gate/up dgrad's
+ * split half full), one expert, T = 1, a shared expert of another I, k > 32, many experts. */
 static const small_case small_cases[] = {
     {300, 192, 320, 0, 8, 2},  {1, 64, 64, 64, 4, 4},    {257, 384, 128, 192, 16, 8},
     {130, 128, 64, 0, 1, 1},   {77, 320, 192, 64, 5, 3}, {513, 256, 448, 128, 32, 4},
-    {65, 64, 64, 0, 48, 40},   {2100, 64, 64, 0, 48, 16},
+    {65, 64, 64, 0, 48, 40},   {2100, 64, 64, 0, 48, 16}, {64, 2880, 2880, 192, 4, 2},
 };
 
 static void layer_vs_cpu(void) {
@@ -273,7 +318,8 @@ static void design_shapes_vs_bf16(void) {
         if (i == 0) agree_tensor(&g, o8.y, o16.y, (size_t)(T * H), 0);
         else if (i == 1) agree_tensor(&g, o8.dx, o16.dx, (size_t)(T * H), 0);
         else if (i == 2) agree_tensor(&g, o8.dtw, o16.dtw, (size_t)(T * k), 1);
-        else if (o8.g_len[i - 3]) agree_tensor(&g, o8.g[i - 3], o16.g[i - 3], (size_t)o8.g_len[i - 3], 0);
+        else if (o8.g_len[i - 3])
+          agree_tensor(&g, o8.g[i - 3], o16.g[i - 3], (size_t)o8.g_len[i - 3], 0);
         else continue;
         const double rel = sqrt(g.d2 / (g.b2 > 0 ? g.b2 : 1)),
                      cosv = g.ab / sqrt(g.a2 * g.b2 > 0 ? g.a2 * g.b2 : 1);
@@ -292,6 +338,7 @@ static void design_shapes_vs_bf16(void) {
 
 const test_case tests_gpu_fp8[] = {
     {"gpu/fp8_weights_vs_cpu", weights_vs_cpu},
+    {"gpu/fp8_weights_refused_untouched", weights_refused_untouched},
     {"gpu/fp8_layer_vs_cpu_small_shapes", layer_vs_cpu},
     {"gpu/fp8_routing_edges", routing_edges},
     {"gpu/fp8_determinism_recompute_graph", determinism},
