@@ -15,9 +15,39 @@
  *
  * Pointers are device pointers for the CUDA backend and host pointers for the CPU backend.
  * `stream` is a cudaStream_t (NULL = legacy default stream); the CPU backend ignores it.
- * Every function returns a status; mok_last_error() explains the last failure on this thread.
  * Nothing here synchronises with the host except mok_check and mok_schedule_counts, and nothing
  * allocates after mok_workspace_create, so forward and backward can be captured in a CUDA graph.
+ *
+ * Errors. Every function that can fail returns a mok_status (size queries return 0). A call that
+ * fails leaves every output, and `saved`, as it found them. mok_last_error() is the message of
+ * the last call on the calling thread that failed, and "" once a later call on that thread
+ * succeeds (a destroy, which returns nothing, sets it only when it refuses a handle).
+ *
+ * Threads. Different workspaces, contexts and groups may be used from different threads at once.
+ * A workspace takes one call at a time: a call on a workspace that another thread's call is
+ * using (mok_schedule, mok_forward, mok_recompute, mok_backward, mok_check,
+ * mok_schedule_counts, mok_workspace_destroy) is refused with MOK_ERR_INVALID_ARG. A call has
+ * finished with the workspace when it returns, but the work it queued (CUDA) uses the
+ * workspace's memory until it runs: calls on one stream are ordered; calls on different streams
+ * must be ordered by the caller (events), which mok cannot see.
+ *
+ * Lifetimes. Groups, contexts and workspaces may be destroyed in any order (a workspace holds its
+ * context, a context its group, until they are destroyed). A second destroy of a handle that is
+ * still held is refused and frees nothing, and a context (group) its caller destroyed makes no
+ * new workspace (context). Using a handle after it is freed is the caller's error; mok refuses
+ * it on a best-effort basis only (a magic word in the handle, cleared when it is freed): do not
+ * rely on it.
+ *
+ * What mok checks (refused with a status, outputs untouched): NULL and misaligned pointers,
+ * shapes, sizes and token counts, host pointers given to the CUDA backend, expert ids and the
+ * routed-row capacity (on the GPU: the call queues and mok_check reports), a `saved` that its
+ * forward did not fill (another workspace's, another call's, garbage, or its schedule
+ * overwritten), tensors that overlap `saved`, concurrent calls on one workspace, the ranks of an
+ * EP group making different calls at once, thread counts above MOK_MAX_THREADS. What is the
+ * caller's: buffers at least as large as documented (mok is given no sizes), tensors that overlap
+ * each other (but x and dx may), x and the weights unchanged from a forward to its backward,
+ * `saved`'s activations as the forward left them, the order of calls on different streams, and
+ * handles used after they are freed.
  */
 #ifndef MOK_H
 #define MOK_H
@@ -76,7 +106,8 @@ typedef struct mok_ep_group mok_ep_group;
 int mok_version(void);                      /* MOK_VERSION of the library that is loaded */
 const char *mok_status_name(mok_status s);   /* "MOK_ERR_INVALID_ARG" */
 const char *mok_status_string(mok_status s); /* one line saying what the code means */
-/* The last failure on the calling thread: what was wrong and what was expected. "" if none. */
+/* The last failure on the calling thread: what was wrong and what was expected. "" if none, or
+ * once a later call on the thread succeeded. */
 const char *mok_last_error(void);
 
 /* ---- bf16 ----------------------------------------------------------------------------------- */
@@ -123,12 +154,13 @@ mok_status mok_ep_group_create_nccl_id(const unsigned char id[MOK_NCCL_ID_BYTES]
 void mok_ep_group_destroy(mok_ep_group *g); /* accepts NULL */
 
 /* ---- context: backend, device, EP group ----------------------------------------------------- */
+#define MOK_MAX_THREADS 1024 /* more is refused: an OpenMP team that large ends the process */
 typedef struct mok_context_config {
   mok_backend backend;
   int device;   /* CUDA device ordinal; ignored by the CPU backend */
   int ep_rank;  /* rank in the expert-parallel group */
   int ep_size;  /* ranks in the group (1: no group) */
-  int threads;  /* CPU backend worker threads; 0 = all cores */
+  int threads;  /* CPU backend worker threads; 0 = all cores; at most MOK_MAX_THREADS */
   int sms;      /* CUDA: multiprocessors the persistent kernels spread over; 0 = all.
                  * A tuning knob: it never changes a bit of any result (DESIGN §3, D2). */
   int cluster;  /* CUDA: CTAs per cluster of every GEMM: 2 (2 x 1 output tiles, which share their

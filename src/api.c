@@ -44,7 +44,8 @@ mok_status mok_context_create(const mok_context_config *cfg, mok_context **out) 
   CHECK_ARG(cfg->ep_size >= 1, "ep_size is %d; expected >= 1", cfg->ep_size);
   CHECK_ARG(cfg->ep_rank >= 0 && cfg->ep_rank < cfg->ep_size,
             "ep_rank is %d; expected 0 <= ep_rank < ep_size (%d)", cfg->ep_rank, cfg->ep_size);
-  CHECK_ARG(cfg->threads >= 0, "threads is %d; expected >= 0 (0 = all cores)", cfg->threads);
+  CHECK_ARG(cfg->threads >= 0 && cfg->threads <= MOK_MAX_THREADS,
+            "threads is %d; expected 0..%d (0 = all cores)", cfg->threads, MOK_MAX_THREADS);
   CHECK_ARG(cfg->sms >= 0, "sms is %d; expected >= 0 (0 = all multiprocessors)", cfg->sms);
   CHECK_ARG(cfg->cluster == 0 || cfg->cluster == 2 || cfg->cluster == 4,
             "cluster is %d; expected 2, 4 or 0 (2)", cfg->cluster);
@@ -52,6 +53,9 @@ mok_status mok_context_create(const mok_context_config *cfg, mok_context **out) 
     CHECK_ARG(cfg->group != NULL,
               "ep_size is %d but group is NULL; expected an EP group of ep_size ranks "
               "(mok_ep_group_create_emulated or _nccl)", cfg->ep_size);
+    CHECK_ARG(mok_group_live(cfg->group),
+              "group (%p) is not a live EP group (destroyed, or not made by mok)",
+              (void *)cfg->group);
     CHECK_ARG(cfg->group->size == cfg->ep_size, "ep_size is %d but the group has %d ranks",
               cfg->ep_size, cfg->group->size);
   }
@@ -71,6 +75,7 @@ mok_status mok_context_create(const mok_context_config *cfg, mok_context **out) 
   }
   mok_context *ctx = calloc(1, sizeof *ctx);
   if (!ctx) return mok_fail(MOK_ERR_OUT_OF_MEMORY, "no host memory for a context");
+  ctx->magic = MOK_MAGIC_CONTEXT;
   ctx->refs = 1;
   ctx->cfg = *cfg;
   ctx->ops = ops;
@@ -85,13 +90,30 @@ mok_status mok_context_create(const mok_context_config *cfg, mok_context **out) 
   return MOK_OK;
 }
 
-static void context_release(mok_context *ctx) {
+void mok_context_release(mok_context *ctx) {
   if (!ctx || __atomic_sub_fetch(&ctx->refs, 1, __ATOMIC_ACQ_REL) != 0) return;
+  ctx->magic = 0;
   mok_group_release(ctx->cfg.group);
   free(ctx);
 }
 
-void mok_context_destroy(mok_context *ctx) { context_release(ctx); }
+int mok_context_live(const mok_context *ctx) {
+  return ctx && ctx->magic == MOK_MAGIC_CONTEXT &&
+         !__atomic_load_n(&ctx->released, __ATOMIC_ACQUIRE);
+}
+
+/* A handle the caller destroyed already is left alone (its workspaces may still hold it). */
+void mok_context_destroy(mok_context *ctx) {
+  if (!ctx) return;
+  if (ctx->magic != MOK_MAGIC_CONTEXT ||
+      __atomic_exchange_n(&ctx->released, 1, __ATOMIC_ACQ_REL)) {
+    mok_fail(MOK_ERR_INVALID_ARG, "mok_context_destroy: %p is not a live context (destroyed "
+                                  "already, or not made by mok_context_create); left alone",
+             (void *)ctx);
+    return;
+  }
+  mok_context_release(ctx);
+}
 
 static mok_status check_shape(const mok_context *ctx, const mok_shape *s) {
   const int64_t big = (int64_t)1 << 20;
@@ -126,6 +148,9 @@ mok_status mok_workspace_create(mok_context *ctx, const mok_shape *shape, mok_wo
   CHECK_ARG(out != NULL, "out is NULL; expected a place for the workspace");
   *out = NULL;
   CHECK_ARG(ctx != NULL, "ctx is NULL; create one with mok_context_create");
+  CHECK_ARG(mok_context_live(ctx),
+            "ctx (%p) is not a live context (destroyed, or not made by mok_context_create)",
+            (void *)ctx);
   CHECK_ARG(shape != NULL, "shape is NULL; start from MOK_SHAPE_INIT");
   mok_status st = check_shape(ctx, shape);
   if (st != MOK_OK) return st;
@@ -151,32 +176,73 @@ mok_status mok_workspace_create(mok_context *ctx, const mok_shape *shape, mok_wo
     return st;
   }
   __atomic_add_fetch(&ctx->refs, 1, __ATOMIC_RELAXED); /* the workspace holds its context */
+  ws->magic = MOK_MAGIC_WORKSPACE;
   mok_clear_error();
   *out = ws;
   return MOK_OK;
 }
 
+/* ws is a workspace that mok made and nobody destroyed (best effort: internal.h). */
+static mok_status check_ws(const mok_workspace *ws) {
+  CHECK_ARG(ws != NULL, "ws is NULL; create one with mok_workspace_create");
+  CHECK_ARG(ws->magic == MOK_MAGIC_WORKSPACE,
+            "ws (%p) is not a live workspace (destroyed, or not made by mok_workspace_create)",
+            (const void *)ws);
+  return MOK_OK;
+}
+
+/* A call takes the workspace for itself (its scratch, and its rank's buffers in the EP group),
+ * or is refused while another thread's call has it. Every call that takes it gives it back with
+ * ws_leave. */
+static mok_status ws_enter(mok_workspace *ws, int call) {
+  TRY(check_ws(ws));
+  int idle = 0;
+  if (!__atomic_compare_exchange_n(&ws->busy, &idle, 1, 0, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED))
+    return mok_fail(MOK_ERR_INVALID_ARG,
+                    "%s: ws is in use by a call of another thread; a workspace takes one call "
+                    "at a time (mok.h): give each thread its own, or order the calls",
+                    mok_call_name(call));
+  ws->call = call;
+  return MOK_OK;
+}
+
+static mok_status ws_leave(mok_workspace *ws, mok_status st) {
+  ws->call = MOK_CALL_NONE;
+  __atomic_store_n(&ws->busy, 0, __ATOMIC_RELEASE);
+  return mok_done(st);
+}
+
 void mok_workspace_destroy(mok_workspace *ws) {
   if (!ws) return;
+  if (check_ws(ws) != MOK_OK) return; /* its message says why; nothing is freed twice */
+  int idle = 0;
+  if (!__atomic_compare_exchange_n(&ws->busy, &idle, 1, 0, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED)) {
+    mok_fail(MOK_ERR_INVALID_ARG, "mok_workspace_destroy: ws is in use by a call of another "
+                                  "thread; left alone");
+    return;
+  }
+  ws->magic = 0;
   mok_context *ctx = ws->ctx;
   mok_group_leave(ctx->cfg.group, ctx->cfg.ep_rank, ws);
   ctx->ops->workspace_fini(ws);
   free(ws);
-  context_release(ctx);
+  mok_context_release(ctx);
 }
 
-size_t mok_workspace_bytes(const mok_workspace *ws) { return ws ? ws->bytes : 0; }
+size_t mok_workspace_bytes(const mok_workspace *ws) {
+  if (check_ws(ws) != MOK_OK) return 0;
+  mok_clear_error();
+  return ws->bytes;
+}
 
 size_t mok_saved_bytes(const mok_workspace *ws, int64_t tokens) {
-  if (!ws) {
-    mok_fail(MOK_ERR_INVALID_ARG, "ws is NULL; create one with mok_workspace_create");
-    return 0;
-  }
+  if (check_ws(ws) != MOK_OK) return 0;
   if (tokens < 1 || tokens > ws->shape.max_tokens) {
     mok_fail(MOK_ERR_INVALID_ARG, "tokens is %lld; expected 1..max_tokens (%lld)",
              (long long)tokens, (long long)ws->shape.max_tokens);
     return 0;
   }
+  mok_clear_error();
   return mok_saved_layout_of(ws, tokens).bytes;
 }
 
@@ -261,7 +327,7 @@ static void weight_spans(const mok_workspace *ws, const void *const p[6], int by
 }
 
 static mok_status check_call(const mok_workspace *ws, const void *args, const char *type) {
-  CHECK_ARG(ws != NULL, "ws is NULL; create one with mok_workspace_create");
+  (void)ws; /* checked by ws_enter */
   CHECK_ARG(args != NULL, "args is NULL; expected a %s", type);
   return MOK_OK;
 }
@@ -319,7 +385,7 @@ static mok_status refuse_with_peers(mok_workspace *ws, mok_status st, void *stre
     (void)ws->ctx->ops->refuse(ws, stream);
   } else {
     int32_t bits = MOK_DEVERR_PEER_ARG;
-    (void)mok_group_barrier(g, &bits);
+    (void)mok_group_barrier(g, ws->call, &bits);
   }
   return mok_fail(st, "%s", msg);
 }
@@ -356,21 +422,27 @@ static mok_status check_schedule(const mok_workspace *ws, const mok_forward_args
 }
 
 mok_status mok_schedule(mok_workspace *ws, const mok_forward_args *a, void *stream) {
+  TRY(ws_enter(ws, MOK_CALL_SCHEDULE));
   turn_take(ws);
   mok_status st = refuse_with_peers(ws, check_schedule(ws, a), stream);
-  return turn_give(ws, st == MOK_OK ? ws->ctx->ops->schedule(ws, a, stream) : st);
+  st = turn_give(ws, st == MOK_OK ? ws->ctx->ops->schedule(ws, a, stream) : st);
+  return ws_leave(ws, st);
 }
 
 mok_status mok_forward(mok_workspace *ws, const mok_forward_args *a, void *stream) {
+  TRY(ws_enter(ws, MOK_CALL_FORWARD));
   turn_take(ws);
   mok_status st = refuse_with_peers(ws, check_forward(ws, a, 1), stream);
-  return turn_give(ws, st == MOK_OK ? ws->ctx->ops->forward(ws, a, 1, stream) : st);
+  st = turn_give(ws, st == MOK_OK ? ws->ctx->ops->forward(ws, a, 1, stream) : st);
+  return ws_leave(ws, st);
 }
 
 mok_status mok_recompute(mok_workspace *ws, const mok_forward_args *a, void *stream) {
+  TRY(ws_enter(ws, MOK_CALL_RECOMPUTE));
   turn_take(ws);
   mok_status st = refuse_with_peers(ws, check_forward(ws, a, 0), stream);
-  return turn_give(ws, st == MOK_OK ? ws->ctx->ops->forward(ws, a, 0, stream) : st);
+  st = turn_give(ws, st == MOK_OK ? ws->ctx->ops->forward(ws, a, 0, stream) : st);
+  return ws_leave(ws, st);
 }
 
 static mok_status check_backward(const mok_workspace *ws, const mok_backward_args *a) {
@@ -408,9 +480,11 @@ static mok_status check_backward(const mok_workspace *ws, const mok_backward_arg
 }
 
 mok_status mok_backward(mok_workspace *ws, const mok_backward_args *a, void *stream) {
+  TRY(ws_enter(ws, MOK_CALL_BACKWARD));
   turn_take(ws);
   mok_status st = refuse_with_peers(ws, check_backward(ws, a), stream);
-  return turn_give(ws, st == MOK_OK ? ws->ctx->ops->backward(ws, a, stream) : st);
+  st = turn_give(ws, st == MOK_OK ? ws->ctx->ops->backward(ws, a, stream) : st);
+  return ws_leave(ws, st);
 }
 
 /* The error of a call whose device-side error bits are `bits` (MOK_OK if none). */
@@ -437,23 +511,30 @@ static mok_status fail_for_bits(const mok_workspace *ws, int32_t bits) {
   if (bits & MOK_DEVERR_PEER_ARG)
     return mok_fail(MOK_ERR_INVALID_ARG, "a call was refused on another rank of the EP group for "
                                          "a bad argument; it was left undone on every rank");
+  if (bits & MOK_DEVERR_PEER_CALL) {
+    char names[128];
+    mok_call_names(bits & MOK_CALL_MASK, names, sizeof names);
+    return mok_fail(MOK_ERR_INVALID_ARG,
+                    "the ranks of the EP group made different calls at once (%s); every rank "
+                    "must make the same calls in the same order; the call was left undone on "
+                    "every rank", names[0] ? names : "kinds not recorded");
+  }
   if (bits) return mok_fail(MOK_ERR_INTERNAL, "unknown device error bits 0x%x", (unsigned)bits);
   return MOK_OK;
 }
 
 mok_status mok_check(mok_workspace *ws, void *stream) {
-  CHECK_ARG(ws != NULL, "ws is NULL; create one with mok_workspace_create");
+  TRY(ws_enter(ws, MOK_CALL_CHECK));
   int32_t bits = 0;
-  TRY(ws->ctx->ops->check(ws, stream, &bits));
+  mok_status st = ws->ctx->ops->check(ws, stream, &bits);
   if (bits & MOK_DEVERR_TIMEOUT) mok_group_break(ws->ctx->cfg.group); /* barrier counts differ */
-  return fail_for_bits(ws, bits);
+  return ws_leave(ws, st == MOK_OK ? fail_for_bits(ws, bits) : st);
 }
 
 /* Reads saved's header first: the counts are read only from a saved of this workspace and these
  * tokens, whose schedule did not fail. */
-mok_status mok_schedule_counts(mok_workspace *ws, const void *saved, int64_t tokens,
-                               int32_t *counts, void *stream) {
-  CHECK_ARG(ws != NULL, "ws is NULL; create one with mok_workspace_create");
+static mok_status schedule_counts(mok_workspace *ws, const void *saved, int64_t tokens,
+                                  int32_t *counts, void *stream) {
   TRY(check_tokens(ws, tokens));
   TRY(check_saved(saved));
   CHECK_ARG(counts != NULL, "counts is NULL; expected int32[E_local]");
@@ -482,16 +563,20 @@ mok_status mok_schedule_counts(mok_workspace *ws, const void *saved, int64_t tok
                                     (size_t)ws->experts_local * sizeof(int32_t), stream);
 }
 
+mok_status mok_schedule_counts(mok_workspace *ws, const void *saved, int64_t tokens,
+                               int32_t *counts, void *stream) {
+  TRY(ws_enter(ws, MOK_CALL_COUNTS));
+  return ws_leave(ws, schedule_counts(ws, saved, tokens, counts, stream));
+}
+
 size_t mok_fp8_weights_bytes(const mok_workspace *ws) {
-  if (!ws) {
-    mok_fail(MOK_ERR_INVALID_ARG, "ws is NULL; create one with mok_workspace_create");
-    return 0;
-  }
+  if (check_ws(ws) != MOK_OK) return 0;
+  mok_clear_error();
   return mok_fp8_layout_of(ws).bytes;
 }
 
 static mok_status check_fp8_call(const mok_workspace *ws, const void *w, const void *fp8) {
-  CHECK_ARG(ws != NULL, "ws is NULL; create one with mok_workspace_create");
+  TRY(check_ws(ws));
   CHECK_ARG(ws->shape.precision == MOK_FP8,
             "the workspace is MOK_BF16; FP8 weights belong to a MOK_FP8 workspace");
   CHECK_ARG(w != NULL, "the weights are NULL");
@@ -502,7 +587,7 @@ mok_status mok_quantize_weights(mok_workspace *ws, const mok_weights *w, void *f
                                 void *stream) {
   TRY(check_fp8_call(ws, w, fp8));
   TRY(check_bf16_weights(ws, w));
-  return ws->ctx->ops->fp8_weights(ws, w, NULL, fp8, stream);
+  return mok_done(ws->ctx->ops->fp8_weights(ws, w, NULL, fp8, stream));
 }
 
 static mok_status check_fp8_matrix(const mok_workspace *ws, const mok_fp8_matrix *m, int shared,
@@ -529,5 +614,5 @@ mok_status mok_fp8_weights_import(mok_workspace *ws, const mok_fp8_given *w, voi
   TRY(check_fp8_matrix(ws, &w->ws_gate, 1, "ws_gate"));
   TRY(check_fp8_matrix(ws, &w->ws_up, 1, "ws_up"));
   TRY(check_fp8_matrix(ws, &w->ws_down, 1, "ws_down"));
-  return ws->ctx->ops->fp8_weights(ws, NULL, w, fp8, stream);
+  return mok_done(ws->ctx->ops->fp8_weights(ws, NULL, w, fp8, stream));
 }

@@ -17,7 +17,7 @@ typedef struct group_sync {
   pthread_cond_t cv;
   int arrived;        /* ranks waiting at the current barrier */
   unsigned long gen;  /* barriers completed */
-  int32_t bits;       /* OR of the error bits of the ranks arrived so far */
+  int32_t bits;       /* OR of the error bits (and call bits) of the ranks arrived so far */
   int32_t result;     /* the OR of the last completed barrier */
   unsigned long turn; /* the call whose turn it is (mok_group_turn_take): n * size + rank */
   unsigned long calls[MOK_EP_MAX]; /* calls each rank has taken its turn for */
@@ -47,6 +47,7 @@ mok_status mok_group_alloc(int ranks, int timeout_ms, mok_ep_group **out) {
   pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
   pthread_cond_init(&y->cv, &ca);
   pthread_condattr_destroy(&ca);
+  g->magic = MOK_MAGIC_GROUP;
   g->refs = 1;
   g->size = ranks;
   g->timeout_ms = timeout_ms ? timeout_ms : 10000;
@@ -62,6 +63,7 @@ void mok_group_retain(mok_ep_group *g) {
 
 void mok_group_release(mok_ep_group *g) {
   if (!g || __atomic_sub_fetch(&g->refs, 1, __ATOMIC_ACQ_REL) != 0) return;
+  g->magic = 0;
   mok_nccl_release(g);
   group_sync *y = g->sync;
   pthread_mutex_destroy(&y->mu);
@@ -70,7 +72,20 @@ void mok_group_release(mok_ep_group *g) {
   free(g);
 }
 
-void mok_ep_group_destroy(mok_ep_group *g) { mok_group_release(g); }
+int mok_group_live(const mok_ep_group *g) {
+  return g && g->magic == MOK_MAGIC_GROUP && !__atomic_load_n(&g->released, __ATOMIC_ACQUIRE);
+}
+
+/* A handle the caller destroyed already is left alone (its contexts may still hold it). */
+void mok_ep_group_destroy(mok_ep_group *g) {
+  if (!g) return;
+  if (g->magic != MOK_MAGIC_GROUP || __atomic_exchange_n(&g->released, 1, __ATOMIC_ACQ_REL)) {
+    mok_fail(MOK_ERR_INVALID_ARG, "mok_ep_group_destroy: %p is not a live group (destroyed "
+                                  "already, or not made by mok); left alone", (void *)g);
+    return;
+  }
+  mok_group_release(g);
+}
 
 /* Field by field: the struct has padding that a copy may carry. */
 static int same_shape(const mok_shape *a, const mok_shape *b) {
@@ -176,14 +191,14 @@ void mok_group_turn_give(mok_ep_group *g, int rank) {
   pthread_mutex_unlock(&y->mu);
 }
 
-mok_status mok_group_barrier(mok_ep_group *g, int32_t *bits) {
+mok_status mok_group_barrier(mok_ep_group *g, int call, int32_t *bits) {
   if (!g) return MOK_OK;
   group_sync *y = g->sync;
   const struct timespec until = deadline(g);
   pthread_mutex_lock(&y->mu);
   int timed_out = g->broken;
   if (!timed_out) {
-    y->bits |= *bits;
+    y->bits |= *bits | 1 << (MOK_CALL_SHIFT + call);
     if (++y->arrived == g->size) { /* the last to arrive opens it for everyone */
       y->result = y->bits;
       y->bits = 0;
@@ -208,5 +223,16 @@ mok_status mok_group_barrier(mok_ep_group *g, int32_t *bits) {
                     "a rank of the EP group did not arrive within %d ms (or an earlier call "
                     "timed out and left the group failed); outputs untouched",
                     g->timeout_ms);
+  const int32_t calls = *bits & MOK_CALL_MASK;
+  *bits &= ~MOK_CALL_MASK;
+  if (calls & (calls - 1)) { /* more than one kind */
+    *bits |= MOK_DEVERR_PEER_CALL;
+    char names[128];
+    mok_call_names(calls, names, sizeof names);
+    return mok_fail(MOK_ERR_INVALID_ARG,
+                    "the ranks of the EP group made different calls at once (%s); every rank "
+                    "must make the same calls in the same order; this one was left undone on "
+                    "every rank, outputs untouched", names);
+  }
   return MOK_OK;
 }

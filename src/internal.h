@@ -20,6 +20,12 @@ mok_status mok_fail(mok_status s, const char *fmt, ...)
 #endif
     ;
 void mok_clear_error(void);
+/* What a public function returns: `s`, after clearing mok_last_error() if it is MOK_OK (mok.h:
+ * the message is that of the last call on this thread, "" once a later one succeeds). */
+static inline mok_status mok_done(mok_status s) {
+  if (s == MOK_OK) mok_clear_error();
+  return s;
+}
 
 /* Returns the status of `expr` from the calling function unless it is MOK_OK. */
 #define TRY(expr)                  \
@@ -45,9 +51,21 @@ static inline size_t mok_take(size_t *cursor, int64_t bytes) {
 enum { MOK_DEVERR_NONE = 0, MOK_DEVERR_EXPERT_ID = 1, MOK_DEVERR_CAPACITY = 2,
        MOK_DEVERR_TIMEOUT = 4,
        MOK_DEVERR_PEER_ARG = 8, /* a rank of the EP group had this call refused by api.c */
-       MOK_DEVERR_SAVED = 16 /* a backward's saved was not filled by a forward (or recompute) of
-                              * its tokens (the CUDA backend's check; the CPU one refuses it
-                              * on the host) */ };
+       MOK_DEVERR_SAVED = 16, /* a backward's saved was not filled by its forward (or recompute)
+                               * (the CUDA backend's check; the CPU one refuses it on the host) */
+       MOK_DEVERR_PEER_CALL = 32 /* the ranks of the EP group made different calls at once */ };
+
+/* The kinds of call a workspace takes (api.c sets mok_workspace.call). The group's barriers carry
+ * the caller's kind, as bit MOK_CALL_SHIFT + kind of a word the ranks OR together, so ranks that
+ * make different calls at once all fail there (and leave the group usable: every kind of call
+ * passes its first barrier, where they fail, the same way). mok_call_name: "mok_forward". */
+enum { MOK_CALL_NONE, MOK_CALL_SCHEDULE, MOK_CALL_FORWARD, MOK_CALL_RECOMPUTE, MOK_CALL_BACKWARD,
+       MOK_CALL_CHECK, MOK_CALL_COUNTS, /* (these two meet no barrier) */ MOK_CALL_KINDS };
+#define MOK_CALL_SHIFT 24
+#define MOK_CALL_MASK (((1 << MOK_CALL_KINDS) - 1) << MOK_CALL_SHIFT)
+const char *mok_call_name(int call);
+/* "mok_forward and mok_backward": the calls whose bits are set in `calls` (MOK_CALL_MASK). */
+void mok_call_names(int32_t calls, char *out, size_t len);
 
 /* The header of `saved`: its first MOK_STATUS_WORDS int32 words, written by the schedule of the
  * forward, recompute or schedule that fills it (before it can fail, so a failed call's saved
@@ -166,7 +184,17 @@ typedef struct mok_fp8_layout {
 /* Emulated ranks in one process, or one rank of a group of processes over NCCL. `ws` is the peer
  * table: rank r's workspace, whose symmetric buffers the other ranks read (dispatch pulls) and
  * write (combine pushes into their own slots); an NCCL group holds only its own rank's. */
+/* Handles carry a magic word while they live; entry points refuse one without it (destroyed, or
+ * not made by mok), and destroy refuses a handle its caller already destroyed. Best effort:
+ * reading a freed handle is undefined, and this catches only what the allocator has not reused
+ * (free overwrites the first words, where the magic is). */
+#define MOK_MAGIC_GROUP 0x50474b4d     /* "MKGP" */
+#define MOK_MAGIC_CONTEXT 0x58434b4d   /* "MKCX" */
+#define MOK_MAGIC_WORKSPACE 0x53574b4d /* "MKWS" */
+
 struct mok_ep_group {
+  uint32_t magic;       /* MOK_MAGIC_GROUP until freed */
+  int released;         /* the caller's handle was destroyed (contexts may still hold the group) */
   int refs;             /* the caller's handle + one per context: freed when the last goes */
   int size;
   int timeout_ms;
@@ -182,11 +210,14 @@ struct mok_ep_group {
 /* group.c: a group of `ranks` with its lock; nccl.c fills in the NCCL fields. */
 mok_status mok_group_alloc(int ranks, int timeout_ms, mok_ep_group **out);
 
-/* Every rank of the group calls this at the same points of a call. `bits` in: this rank's error
- * bits (MOK_DEVERR_*); out: the OR over all ranks, so every rank stops when any one must.
- * MOK_ERR_TIMEOUT if some rank did not arrive within the group's timeout. A NULL group (ep = 1)
- * returns at once. */
-mok_status mok_group_barrier(mok_ep_group *g, int32_t *bits);
+/* Every rank of the group calls this at the same points of a call, `call` its kind (MOK_CALL_*).
+ * `bits` in: this rank's error bits (MOK_DEVERR_*); out: the OR over all ranks, so every rank
+ * stops when any one must. MOK_ERR_TIMEOUT if some rank did not arrive within the group's
+ * timeout; MOK_ERR_INVALID_ARG, on every rank, if they made different calls. A NULL group
+ * (ep = 1) returns at once. */
+mok_status mok_group_barrier(mok_ep_group *g, int call, int32_t *bits);
+/* Checks a group handle of the caller's: live, and not destroyed by the caller. */
+int mok_group_live(const mok_ep_group *g);
 /* Contexts hold the group: destroy calls may come in any order (Python's collector has none). */
 void mok_group_retain(mok_ep_group *g);
 void mok_group_release(mok_ep_group *g);
@@ -229,6 +260,8 @@ mok_status mok_nccl_all_gather(mok_ep_group *g, const void *send, void *recv, si
 struct mok_backend_ops;
 
 struct mok_context {
+  uint32_t magic; /* MOK_MAGIC_CONTEXT until freed */
+  int released;   /* the caller's handle was destroyed (workspaces may still hold the context) */
   int refs;      /* the caller's handle + one per workspace: freed when the last goes */
   mok_context_config cfg;
   const struct mok_backend_ops *ops;
@@ -240,6 +273,10 @@ struct mok_context {
 };
 
 struct mok_workspace {
+  uint32_t magic;        /* MOK_MAGIC_WORKSPACE until destroyed */
+  int busy;              /* 1 while a call runs on it (atomic): calls take a workspace one at a
+                          * time, and one made meanwhile is refused */
+  int call;              /* MOK_CALL_* of the call running */
   mok_context *ctx;
   mok_shape shape;
   int64_t experts_local; /* E / ep */
@@ -247,6 +284,11 @@ struct mok_workspace {
   size_t bytes;          /* memory held by the backend for this workspace */
   void *backend;         /* backend-owned state */
 };
+
+/* api.c: whether ctx is a live context of the caller's (internal.h's magic words); and the drop
+ * of one hold on it (a workspace's or router's), which frees it after the last. */
+int mok_context_live(const mok_context *ctx);
+void mok_context_release(mok_context *ctx);
 
 /* The one place that lays out `saved` for a call of `tokens` tokens. */
 mok_saved_layout mok_saved_layout_of(const mok_workspace *ws, int64_t tokens);

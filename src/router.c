@@ -70,6 +70,9 @@ mok_status mok_router_create(mok_context *ctx, const mok_router_config *cfg, mok
   CHECK_ARG(out != NULL, "out is NULL; expected a place for the router");
   *out = NULL;
   CHECK_ARG(ctx != NULL, "ctx is NULL; create one with mok_context_create");
+  CHECK_ARG(mok_context_live(ctx),
+            "ctx (%p) is not a live context (destroyed, or not made by mok_context_create)",
+            (void *)ctx);
   CHECK_ARG(cfg != NULL, "cfg is NULL; start from MOK_ROUTER_CONFIG_INIT");
   TRY(check_config(cfg));
   mok_router *r = calloc(1, sizeof *r);
@@ -92,7 +95,7 @@ void mok_router_destroy(mok_router *r) {
   router_ops(r->ctx->cfg.backend)->fini(r);
   mok_context *ctx = r->ctx;
   free(r);
-  mok_context_destroy(ctx); /* drops the router's hold */
+  mok_context_release(ctx); /* drops the router's hold */
 }
 
 static mok_status check_tokens(const mok_router *r, int64_t tokens) {

@@ -44,3 +44,18 @@ mok_status mok_fail(mok_status s, const char *fmt, ...) {
   va_end(ap);
   return s;
 }
+
+const char *mok_call_name(int call) {
+  static const char *const names[MOK_CALL_KINDS] = {
+      "no call",      "mok_schedule", "mok_forward",        "mok_recompute",
+      "mok_backward", "mok_check",    "mok_schedule_counts"};
+  return call >= 0 && call < MOK_CALL_KINDS ? names[call] : "an unknown call";
+}
+
+void mok_call_names(int32_t calls, char *out, size_t len) {
+  size_t at = 0;
+  out[0] = '\0';
+  for (int c = 0; c < MOK_CALL_KINDS; c++)
+    if (calls & (1 << (MOK_CALL_SHIFT + c)) && at < len)
+      at += (size_t)snprintf(out + at, len - at, "%s%s", at ? " and " : "", mok_call_name(c));
+}

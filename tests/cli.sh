@@ -36,6 +36,8 @@ check cli/help_bench 0 '--repeat N' -- $mok help bench
 check cli/no_command 2 'usage: mok' -- $mok
 check cli/bad_option 2 "unknown option '--scal'" -- $mok run --scal 1/16
 check cli/bad_scale 2 "expected 1/N" -- $mok bench --scale 16
+check cli/too_many_threads 2 "--threads 100000: expected 0..1024" -- \
+  $mok run --shape dsv3 --scale 1/32 --backend cpu --threads 100000
 check cli/info 0 'CUDA devices visible: [0-9]+' -- $mok info
 
 small=(--scale 1/32 --backend cpu)

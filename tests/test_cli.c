@@ -136,6 +136,8 @@ static void parse_errors(void) {
       {"mok run --precision fp16", "--precision 'fp16': expected bf16 or fp8"},
       {"mok run --seed -1", "--seed '-1'"},
       {"mok run --threads -2", "--threads '-2'"},
+      {"mok run --threads 1025", "--threads 1025: expected 0..1024"},
+      {"mok run --threads 100000", "--threads 100000: expected 0..1024"},
       {"mok bench --sms x", "--sms 'x'"},
       {"mok bench --cluster 1", "--cluster '1'"},
       {"mok bench --cluster 2x2", "--cluster '2x2'"},

@@ -609,6 +609,88 @@ static void schedule_counts_per_rank(void) {
   mok_host_layer_destroy(&L);
 }
 
+/* One rank's call of a chosen kind, on its own thread. */
+enum { OP_FORWARD, OP_RECOMPUTE, OP_SCHEDULE, OP_BACKWARD };
+typedef struct op_run {
+  rank_run *u;
+  int op;
+  mok_status st;
+  char msg[512];
+} op_run;
+
+static void *op_main(void *p) {
+  op_run *o = p;
+  rank_run *u = o->u;
+  o->st = o->op == OP_FORWARD     ? mok_forward(u->ws, &u->f, NULL)
+          : o->op == OP_RECOMPUTE ? mok_recompute(u->ws, &u->f, NULL)
+          : o->op == OP_SCHEDULE  ? mok_schedule(u->ws, &u->f, NULL)
+                                  : mok_backward(u->ws, &u->b, NULL);
+  snprintf(o->msg, sizeof o->msg, "%s", mok_last_error());
+  return NULL;
+}
+
+/* Ranks making different calls at once (one forward, the other backward, recompute or the
+ * schedule): every rank fails at once with MOK_ERR_INVALID_ARG naming both calls, writes no
+ * output, and the group stays usable: the next step gives the bits of the first. */
+static void different_calls_on_ranks(void) {
+  mok_host_layer L;
+  if (mok_host_layer_create(&global_shape, global_shape.max_tokens, 18, &L) != MOK_OK) return;
+  ep_setup s;
+  if (setup(&s, &L, 2, 0, 5000)) {
+    run_all(&s, step_main);
+    void *first_y[2], *first_dx[2];
+    for (int r = 0; r < 2; r++) {
+      CHECK(s.run[r].fwd == MOK_OK && s.run[r].bwd == MOK_OK, "rank %d: first step failed", r);
+      first_y[r] = malloc((size_t)s.run[r].y_bytes);
+      first_dx[r] = malloc((size_t)s.run[r].y_bytes);
+      if (first_y[r]) memcpy(first_y[r], s.run[r].f.y, (size_t)s.run[r].y_bytes);
+      if (first_dx[r]) memcpy(first_dx[r], s.run[r].b.dx, (size_t)s.run[r].y_bytes);
+    }
+    static const char *const names[] = {"mok_forward", "mok_recompute", "mok_schedule",
+                                        "mok_backward"};
+    const int pairs[][2] = {{OP_FORWARD, OP_BACKWARD},
+                            {OP_FORWARD, OP_RECOMPUTE},
+                            {OP_SCHEDULE, OP_FORWARD},
+                            {OP_BACKWARD, OP_SCHEDULE},
+                            {OP_RECOMPUTE, OP_BACKWARD}};
+    for (size_t i = 0; i < sizeof pairs / sizeof pairs[0]; i++) {
+      run_all(&s, step_main); /* saved filled again for the backward of the pair */
+      for (int r = 0; r < 2; r++) rank_poison(&s.run[r]);
+      op_run o[2] = {{&s.run[0], pairs[i][0], MOK_OK, ""}, {&s.run[1], pairs[i][1], MOK_OK, ""}};
+      pthread_t th[2];
+      const double t0 = now_s();
+      for (int r = 0; r < 2; r++) pthread_create(&th[r], NULL, op_main, &o[r]);
+      for (int r = 0; r < 2; r++) pthread_join(th[r], NULL);
+      CHECK(now_s() - t0 < 2.0, "%s with %s took %.3f s (a timeout?)", names[pairs[i][0]],
+            names[pairs[i][1]], now_s() - t0);
+      for (int r = 0; r < 2; r++) {
+        CHECK(o[r].st == MOK_ERR_INVALID_ARG && strstr(o[r].msg, "different calls") &&
+                  strstr(o[r].msg, names[pairs[i][0]]) && strstr(o[r].msg, names[pairs[i][1]]),
+              "%s on rank 0 with %s on rank 1: rank %d gave %s (%s)", names[pairs[i][0]],
+              names[pairs[i][1]], r, mok_status_name(o[r].st), o[r].msg);
+        const rank_run *u = &s.run[r];
+        CHECK(untouched(u->f.y, u->y_bytes) && untouched(u->b.dx, u->y_bytes) &&
+                  untouched(u->b.d_topk_weights, u->dtw_bytes),
+              "%s with %s: rank %d wrote an output", names[pairs[i][0]], names[pairs[i][1]], r);
+        CHECK_OK(mok_check(u->ws, NULL));
+      }
+    }
+    run_all(&s, step_main); /* the group still works, and gives the first step's bits */
+    for (int r = 0; r < 2; r++) {
+      CHECK(s.run[r].fwd == MOK_OK && s.run[r].bwd == MOK_OK, "rank %d after: %s / %s", r,
+            mok_status_name(s.run[r].fwd), mok_status_name(s.run[r].bwd));
+      CHECK(first_y[r] && first_dx[r] &&
+                !memcmp(first_y[r], s.run[r].f.y, (size_t)s.run[r].y_bytes) &&
+                !memcmp(first_dx[r], s.run[r].b.dx, (size_t)s.run[r].y_bytes),
+            "rank %d: y or dx differs from the first step's", r);
+      free(first_y[r]);
+      free(first_dx[r]);
+    }
+  }
+  teardown(&s);
+  mok_host_layer_destroy(&L);
+}
+
 /* NCCL groups, on the host alone (tests/gpu/test_nccl.c runs one): what is checked before NCCL
  * is touched, and an id from whichever NCCL is installed (or a message saying there is none). */
 static void nccl_group_arguments(void) {
@@ -653,5 +735,6 @@ const test_case tests_ep[] = {
     {"ep/capacity_overflow_stops_all", capacity_overflow},
     {"ep/refused_arguments_on_one_rank", refused_arguments_on_one_rank},
     {"ep/schedule_counts_per_rank", schedule_counts_per_rank},
+    {"ep/different_calls_on_ranks_fail_all", different_calls_on_ranks},
     {NULL, NULL},
 };

@@ -176,7 +176,12 @@ static int apply(cli_options *o, opt_id id, const char *name, const char *v, cha
       return 0;
     case OPT_JSON: o->json = v; return 0;
     case OPT_DEVICE: return set_int(&o->device, name, v, 0, err, len);
-    case OPT_THREADS: return set_int(&o->threads, name, v, 0, err, len);
+    case OPT_THREADS:
+      if (set_int(&o->threads, name, v, 0, err, len)) return -1;
+      if (o->threads > MOK_MAX_THREADS)
+        return fail(err, len, "--threads %d: expected 0..%d (0 = all cores)", o->threads,
+                    MOK_MAX_THREADS);
+      return 0;
     case OPT_SMS: return set_int(&o->sms, name, v, 0, err, len);
     case OPT_CHECK_TOKENS: return set_int(&o->check_tokens, name, v, 0, err, len);
     case OPT_CHECK_ROWS: return set_int(&o->check_rows, name, v, 0, err, len);

@@ -76,7 +76,7 @@ static inline cpu_state *cpu_peer(const mok_workspace *ws, int64_t rank) {
 }
 /* mok_group_barrier of ws's group; a timeout is also kept in the sticky bits for mok_check. */
 static inline mok_status cpu_barrier(mok_workspace *ws, int32_t *bits) {
-  mok_status s = mok_group_barrier(ws->ctx->cfg.group, bits);
+  mok_status s = mok_group_barrier(ws->ctx->cfg.group, ws->call, bits);
   if (s == MOK_ERR_TIMEOUT) cpu_state_of(ws)->sticky |= MOK_DEVERR_TIMEOUT;
   return s;
 }

@@ -28,17 +28,18 @@ static __device__ __forceinline__ unsigned long long ld_acquire_sys(
   return v;
 }
 
-__global__ void ep_barrier(const ep_table *tb, int rank, int ranks, int when, int32_t *status,
-                           int32_t *sticky, unsigned *epoch, int32_t *tokens_out, int tokens,
-                           int32_t add, long long timeout_ns) {
+__global__ void ep_barrier(const ep_table *tb, int rank, int ranks, int when, int call,
+                           int32_t *status, int32_t *sticky, unsigned *epoch, int32_t *tokens_out,
+                           int tokens, int32_t add, long long timeout_ns) {
   status[MOK_STATUS_BITS] |= add;
   if (when == EP_CHECK && status[MOK_STATUS_OPEN]) return;
   if (when == EP_CLOSE && status[MOK_STATUS_BITS]) return;
   if (when == EP_OPEN) *tokens_out = tokens;
   const unsigned e = ++*epoch;
   const int half = (int)(e & 1) * EP_MAX;
-  const unsigned long long mine =
-      ((unsigned long long)e << 32) | (uint32_t)status[MOK_STATUS_BITS];
+  const unsigned long long mine = ((unsigned long long)e << 32) |
+                                 (uint32_t)status[MOK_STATUS_BITS] |
+                                 (1u << (MOK_CALL_SHIFT + call));
   for (int q = 0; q < ranks; q++) st_release_sys(tb->flags[q] + half + rank, mine);
   const unsigned long long *own = tb->flags[rank] + half;
   int32_t bits = 0;
@@ -59,15 +60,19 @@ __global__ void ep_barrier(const ep_table *tb, int rank, int ranks, int when, in
     }
     if ((unsigned)(v >> 32) == e) bits |= (int32_t)(uint32_t)v;
   }
+  const int32_t calls = bits & MOK_CALL_MASK; /* the kinds of call the ranks made */
+  bits &= ~MOK_CALL_MASK;
+  if (calls & (calls - 1)) bits |= MOK_DEVERR_PEER_CALL;
   status[MOK_STATUS_BITS] |= bits;
   if (when == EP_OPEN) status[MOK_STATUS_OPEN] = status[MOK_STATUS_BITS];
-  if (bits) atomicOr(sticky, bits);
+  if (bits) atomicOr(sticky, bits | (bits & MOK_DEVERR_PEER_CALL ? calls : 0));
 }
 
-cudaError_t ep_barrier_launch(const ep_table *tb, int rank, int ranks, int when, int32_t *status,
-                              int32_t *sticky, unsigned *epoch, int32_t *tokens_out, int tokens,
-                              int32_t add, long long timeout_ns, cudaStream_t stream) {
-  ep_barrier<<<1, 1, 0, stream>>>(tb, rank, ranks, when, status, sticky, epoch, tokens_out,
+cudaError_t ep_barrier_launch(const ep_table *tb, int rank, int ranks, int when, int call,
+                              int32_t *status, int32_t *sticky, unsigned *epoch,
+                              int32_t *tokens_out, int tokens, int32_t add, long long timeout_ns,
+                              cudaStream_t stream) {
+  ep_barrier<<<1, 1, 0, stream>>>(tb, rank, ranks, when, call, status, sticky, epoch, tokens_out,
                                   tokens, add, timeout_ns);
   return cudaGetLastError();
 }

@@ -60,11 +60,14 @@ cudaError_t ep_table_from_window_launch(void *win, const ep_offsets *o, int rank
  * status[MOK_STATUS_OPEN]; EP_CHECK runs only if status[MOK_STATUS_OPEN] is clear (every rank
  * agrees on it after the open); EP_CLOSE only if status[MOK_STATUS_BITS] is clear (every rank
  * agrees after a check). `tokens`: published as this rank's T (EP_OPEN); `add`: bits ORed into
- * status[MOK_STATUS_BITS] first (MOK_DEVERR_PEER_ARG for a call refused on the host). */
+ * status[MOK_STATUS_BITS] first (MOK_DEVERR_PEER_ARG for a call refused on the host). `call`:
+ * the call's kind (MOK_CALL_*), published beside the bits; ranks whose kinds differ all get
+ * MOK_DEVERR_PEER_CALL, and the kinds go to sticky with it for mok_check's message. */
 enum { EP_OPEN, EP_CHECK, EP_CLOSE };
-cudaError_t ep_barrier_launch(const ep_table *tb, int rank, int ranks, int when, int32_t *status,
-                              int32_t *sticky, unsigned *epoch, int32_t *tokens_out, int tokens,
-                              int32_t add, long long timeout_ns, cudaStream_t stream);
+cudaError_t ep_barrier_launch(const ep_table *tb, int rank, int ranks, int when, int call,
+                              int32_t *status, int32_t *sticky, unsigned *epoch,
+                              int32_t *tokens_out, int tokens, int32_t add, long long timeout_ns,
+                              cudaStream_t stream);
 
 /* ---- GEMM engine (gemm.cuh, gemm_kernels.cu) ------------------------------------------------ */
 #define GEMM_BM 128      /* output tile rows (= MOK_TILE_M) */

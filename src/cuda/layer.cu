@@ -10,7 +10,7 @@
 static mok_status barrier_with(const call *c, int when, int32_t add) {
   const mok_ep_group *grp = c->ws->ctx->cfg.group;
   if (!grp) return MOK_OK;
-  CUDA_TRY(ep_barrier_launch(table_of(c), c->rank, c->ranks, when, c->status,
+  CUDA_TRY(ep_barrier_launch(table_of(c), c->rank, c->ranks, when, c->ws->call, c->status,
                              AT(c->scratch, c->L->sticky, int32_t),
                              AT(c->scratch, c->L->epoch, unsigned),
                              AT(c->scratch, c->L->sym_tokens, int32_t), c->T, add,
