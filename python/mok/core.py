@@ -17,8 +17,10 @@ from collections import namedtuple
 from . import _lib
 from ._lib import check, lib
 
-# The sizes of the layer that a workspace is made for; T (tokens) varies per call up to max_tokens.
-Dims = namedtuple("Dims", "hidden inter shared_inter experts top_k")
+# The sizes of the layer that a workspace is made for, and its precision ("bf16", or "fp8":
+# DESIGN.md §8); T (tokens) varies per call up to max_tokens.
+Dims = namedtuple("Dims", "hidden inter shared_inter experts top_k precision", defaults=("bf16",))
+PRECISIONS = {"bf16": _lib.BF16, "fp8": _lib.FP8}
 
 BACKENDS = {"cpu": _lib.BACKEND_CPU, "cuda": _lib.BACKEND_CUDA}
 GRAD_MODES = {"bf16": _lib.GRAD_WRITE_BF16, "f32": _lib.GRAD_ACCUMULATE_F32}
@@ -121,8 +123,10 @@ class Workspace:
     def __init__(self, ctx, dims, max_tokens):
         self.ctx, self.dims, self.max_tokens = ctx, Dims(*dims), int(max_tokens)
         d = self.dims
+        if d.precision not in PRECISIONS:
+            raise ValueError(f"precision is {d.precision!r}; expected 'bf16' or 'fp8'")
         shape = _lib.Shape(self.max_tokens, d.hidden, d.inter, d.shared_inter, d.experts,
-                           d.top_k, _lib.BF16)
+                           d.top_k, PRECISIONS[d.precision])
         ptr = ctypes.c_void_p()
         check(lib.mok_workspace_create(ctx.ptr, ctypes.byref(shape), ctypes.byref(ptr)),
               "mok_workspace_create")
@@ -150,7 +154,21 @@ class Workspace:
                 "mok_saved_bytes")
         return n
 
+    def fp8_weights_bytes(self):
+        """Bytes of this workspace's FP8 weight buffer (0 unless precision is 'fp8')."""
+        return lib.mok_fp8_weights_bytes(self.ptr)
+
+    def quantize_weights(self, w, fp8, stream=0):
+        """The FP8 weight buffer at address fp8 (fp8_weights_bytes, 256-byte aligned) <- the bf16
+        weights at the six addresses w (mok_quantize_weights)."""
+        a = self._weights(w)
+        with self.lock:
+            check(lib.mok_quantize_weights(self.ptr, ctypes.byref(a), _ptr(fp8), _ptr(stream)),
+                  "mok_quantize_weights")
+
     # Each call takes integer addresses (0 = NULL) and the stream as an integer (0 = default).
+    # w: the six bf16 weights' addresses, and at precision 'fp8' a seventh, the FP8 weight
+    # buffer's (which forward and backward then read alone).
     @staticmethod
     def _weights(w):
         return _lib.Weights(*(_ptr(p) for p in w))

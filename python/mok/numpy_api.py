@@ -9,6 +9,10 @@ int32 (int64 is converted). Arrays must be C-contiguous; mok also needs them 16-
     g.dx, g.d_topk_weights, g.dw_gate, ...
 
 `Layer` holds one explicit workspace instead of the cache (fixed max_tokens).
+
+precision="fp8" (DESIGN.md §8): every product on e4m3 operands with fp32 scales. The bf16 weights
+stay the arguments: each call quantizes them (mok_quantize_weights) into an FP8 buffer it reads,
+so a weight changed between calls is always taken as it is now.
 """
 from collections import namedtuple
 
@@ -76,11 +80,12 @@ class Layer:
     from its own thread; each gets the outputs of its own tokens (DESIGN.md §2.3)."""
 
     def __init__(self, hidden, inter, experts, top_k, shared_inter=0, max_tokens=4096,
-                 threads=None, group=None, rank=0):
+                 threads=None, group=None, rank=0, precision="bf16"):
+        _precision("Layer", precision)
         ctx = core.Context("cpu", 0, threads, group, rank)
         self.ep = ctx.ep
-        self.ws = core.Workspace(ctx, core.Dims(hidden, inter, shared_inter, experts, top_k),
-                                 max_tokens)
+        self.ws = core.Workspace(ctx, core.Dims(hidden, inter, shared_inter, experts, top_k,
+                                                precision), max_tokens)
 
     def _call(self, fn):
         """Runs fn; on an EP rank, a mistake found in Python (before mok is called) is first told
@@ -128,13 +133,32 @@ class Layer:
         self.ws.check()
 
 
-def _workspace(ws, where, dims, t):
-    """The Layer's workspace `ws` (checked against the arrays), or the cached one for dims."""
+def _precision(where, precision):
+    if precision not in core.PRECISIONS:
+        raise ValueError(f"{where}: precision is {precision!r}; expected 'bf16' or 'fp8'")
+    return precision
+
+
+def _workspace(ws, where, dims, t, precision):
+    """The Layer's workspace `ws` (checked against the arrays), or the cached one for dims at
+    `precision` (None: the Layer's)."""
     if ws is None:
-        return core.workspace(dims, t, "cpu")
+        return core.workspace(dims._replace(precision=_precision(where, precision)), t, "cpu")
+    dims = dims._replace(precision=ws.dims.precision)
     if dims != ws.dims:
         raise ValueError(f"{where}: the arrays give {dims}; this Layer was made for {ws.dims}")
     return ws
+
+
+def _weight_ptrs(ws, a):
+    """The weights' addresses for a call on ws; at fp8 the six bf16 ones and a seventh, of an
+    FP8 buffer quantized from them now (returned too: it must outlive the call)."""
+    ptrs = _wptrs(a)
+    if ws.dims.precision != "fp8":
+        return ptrs, None
+    buf = aligned_empty(ws.fp8_weights_bytes())
+    ws.quantize_weights(ptrs, buf.ctypes.data)
+    return ptrs + [buf.ctypes.data], buf
 
 
 def _need_tokens(where, t, ep):
@@ -143,16 +167,18 @@ def _need_tokens(where, t, ep):
                          f"with at least one token")
 
 
-def _forward(ws, where, x, topk_ids, topk_weights, weights, check_ids, ep=1, want_y=True):
+def _forward(ws, where, x, topk_ids, topk_weights, weights, check_ids, ep=1, want_y=True,
+             precision=None):
     """(y, saved); with want_y=False, recompute: y is None and only saved is filled."""
     t, dims, a = _inputs(where, x, topk_ids, topk_weights, weights, check_ids=check_ids, ep=ep)
     _need_tokens(where, t, ep)
     y = np.empty((t, dims.hidden), dtype=np.uint16) if want_y else None
     if t == 0:
         return y, aligned_empty(0)
-    ws = _workspace(ws, where, dims, t)
+    ws = _workspace(ws, where, dims, t, precision)
     saved = aligned_empty(ws.saved_bytes(t))
-    ptrs = (_addr(a["x"]), _addr(a["topk_ids"]), _addr(a["topk_weights"]), _wptrs(a))
+    w, _fp8 = _weight_ptrs(ws, a)
+    ptrs = (_addr(a["x"]), _addr(a["topk_ids"]), _addr(a["topk_weights"]), w)
     if want_y:
         ws.forward(t, *ptrs, y.ctypes.data, saved.ctypes.data)
     else:
@@ -161,7 +187,7 @@ def _forward(ws, where, x, topk_ids, topk_weights, weights, check_ids, ep=1, wan
 
 
 def _backward(ws, where, dy, x, topk_ids, topk_weights, weights, saved, grad_mode, main_grads,
-              ep=1):
+              ep=1, precision=None):
     t, dims, a = _inputs(where, x, topk_ids, topk_weights, weights, dy=dy, ep=ep)
     _need_tokens(where, t, ep)
     if grad_mode == "f32":
@@ -186,13 +212,14 @@ def _backward(ws, where, dy, x, topk_ids, topk_weights, weights, saved, grad_mod
                 if gi is not None:
                     gi.fill(0)
         return Grads(dx, dtw, *g)
-    ws = _workspace(ws, where, dims, t)
+    ws = _workspace(ws, where, dims, t, precision)
     if not isinstance(saved, np.ndarray) or saved.dtype != np.uint8:
         raise TypeError(f"{where}: saved must be the uint8 array forward returned")
     if saved.nbytes < ws.saved_bytes(t):
         raise ValueError(f"{where}: saved has {saved.nbytes} bytes; a call of {t} tokens needs "
                          f"{ws.saved_bytes(t)} (pass the buffer forward returned)")
-    ws.backward(t, _addr(a["x"]), _addr(a["topk_ids"]), _addr(a["topk_weights"]), _wptrs(a),
+    w, _fp8 = _weight_ptrs(ws, a)
+    ws.backward(t, _addr(a["x"]), _addr(a["topk_ids"]), _addr(a["topk_weights"]), w,
                 saved.ctypes.data, _addr(a["dy"]), dx.ctypes.data, dtw.ctypes.data,
                 [_addr(gi) for gi in g], grad_mode)
     return Grads(dx, dtw, *g)
@@ -205,20 +232,23 @@ def _host_only(backend):
 
 
 def forward(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate=None, ws_up=None,
-            ws_down=None, *, backend="cpu", check_ids=True):
-    """y = shared(x) + sum_j topk_weights[:, j] * expert_{topk_ids[:, j]}(x) on the CPU backend.
-    Returns (y, saved): y [T, H] bf16 bits; saved for backward."""
+            ws_down=None, *, backend="cpu", check_ids=True, precision="bf16"):
+    """y = shared(x) + sum_j topk_weights[:, j] * expert_{topk_ids[:, j]}(x) on the CPU backend,
+    at precision 'bf16' or 'fp8'. Returns (y, saved): y [T, H] bf16 bits; saved for backward."""
     _host_only(backend)
     return _forward(None, "mok.forward", x, topk_ids, topk_weights,
-                    (w_gate, w_up, w_down, ws_gate, ws_up, ws_down), check_ids)
+                    (w_gate, w_up, w_down, ws_gate, ws_up, ws_down), check_ids,
+                    precision=precision)
 
 
 def backward(dy, x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate=None, ws_up=None,
-             ws_down=None, *, saved, grad_mode="bf16", main_grads=None, backend="cpu"):
-    """Gradients of the layer for dy [T, H] (bf16 bits), with the forward's inputs and `saved`.
-    Returns Grads(dx, d_topk_weights, dw_gate, dw_up, dw_down, dws_gate, dws_up, dws_down); the
-    weight grads are bf16 bits, or with grad_mode='f32' the given float32 main_grads, added to."""
+             ws_down=None, *, saved, grad_mode="bf16", main_grads=None, backend="cpu",
+             precision="bf16"):
+    """Gradients of the layer for dy [T, H] (bf16 bits), with the forward's inputs, precision and
+    `saved`. Returns Grads(dx, d_topk_weights, dw_gate, dw_up, dw_down, dws_gate, dws_up,
+    dws_down); the weight grads (of the bf16 weights) are bf16 bits, or with grad_mode='f32' the
+    given float32 main_grads, added to."""
     _host_only(backend)
     return _backward(None, "mok.backward", dy, x, topk_ids, topk_weights,
                      (w_gate, w_up, w_down, ws_gate, ws_up, ws_down), saved, grad_mode,
-                     main_grads)
+                     main_grads, precision=precision)

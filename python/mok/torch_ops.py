@@ -11,8 +11,17 @@ argument before any C call. Expert ids out of range:
     mok.set_debug(True)) every CUDA forward also checks the ids before it, and every CUDA call
     runs mok_check after it, except while a CUDA graph is being captured, where both would break
     the capture.
+
+precision="fp8" (DESIGN.md §8): the bf16 weights stay the parameters (and get bf16 gradients);
+the ops make their FP8 copy with mok_quantize_weights and keep it per device and per set of
+weight tensors, re-made when any of them changed since: another tensor, another data_ptr, or a
+bumped version counter (an in-place update such as an optimizer step). While a CUDA graph is
+being captured the quantization is captured too, so every replay quantizes the weights as they
+are then.
 """
 import os
+import threading
+import weakref
 from typing import Optional
 
 import torch
@@ -107,6 +116,64 @@ def _ptr(t):
     return 0 if t is None else t.data_ptr()
 
 
+def _precision(where, precision):
+    if precision not in core.PRECISIONS:
+        raise ValueError(f"{where}: precision is {precision!r}; expected 'bf16' or 'fp8'")
+    return precision
+
+
+# ---- FP8 weight copies --------------------------------------------------------------------------
+class _FP8Copy:
+    """An FP8 weight buffer (a uint8 tensor with room to align it) and what it was made from."""
+
+    def __init__(self, weights, buf):
+        self.refs = [None if w is None else weakref.ref(w) for w in weights]
+        self.stamp, self.buf = None, buf
+
+    def made_from(self, weights):
+        return all((r is None) == (w is None) and (r is None or r() is w)
+                   for r, w in zip(self.refs, weights))
+
+    def alive(self):
+        return all(r is None or r() is not None for r in self.refs)
+
+
+_fp8_lock = threading.Lock()
+_fp8_copies = {}  # (dims, backend, device) -> [_FP8Copy]
+
+
+def _stamp(weights):
+    """What says a weight changed: its data_ptr and its version counter."""
+    return tuple(None if w is None else (w.data_ptr(), w._version) for w in weights)
+
+
+def _fp8_weights(ws, weights, dev, stream):
+    """Address of ws's FP8 weight buffer for the bf16 tensors `weights` (None where absent),
+    quantized anew unless the copy made from these very tensors is still current."""
+    key, stamp = (ws.dims, ws.backend, ws.ctx.device), _stamp(weights)
+    with _fp8_lock:
+        copies = [c for c in _fp8_copies.get(key, []) if c.alive()]
+        copy = next((c for c in copies if c.made_from(weights)), None)
+        if copy is None:
+            n = ws.fp8_weights_bytes() + SAVED_ALIGN - 1
+            copy = _FP8Copy(weights, torch.empty(n, dtype=torch.uint8, device=dev))
+            copies.append(copy)
+        _fp8_copies[key] = copies
+        addr = _aligned_addr(copy.buf)
+        if copy.stamp != stamp or _capturing(dev):
+            ws.quantize_weights([_ptr(w) for w in weights], addr, stream)
+            copy.stamp = stamp
+    return addr
+
+
+def _weight_ptrs(ws, weights, dev, stream):
+    """The call's weight addresses: the six bf16 tensors', and at fp8 the FP8 copy's."""
+    ptrs = [_ptr(w) for w in weights]
+    if ws.dims.precision == "fp8":
+        ptrs.append(_fp8_weights(ws, weights, dev, stream))
+    return ptrs
+
+
 class _Device:
     """torch.cuda.device(dev) for CUDA tensors, nothing for CPU ones."""
 
@@ -181,11 +248,13 @@ def _rank_group(group, dev, where):
 @torch.library.custom_op("mok::forward", mutates_args=())
 def _forward_op(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, w_gate: Tensor, w_up: Tensor,
                 w_down: Tensor, ws_gate: Optional[Tensor], ws_up: Optional[Tensor],
-                ws_down: Optional[Tensor], max_tokens: int = 0,
-                group: int = 0) -> tuple[Tensor, Tensor]:
+                ws_down: Optional[Tensor], max_tokens: int = 0, group: int = 0,
+                precision: str = "bf16") -> tuple[Tensor, Tensor]:
     where = "mok.moe"
-    ten = _named(x, topk_ids, topk_weights, (w_gate, w_up, w_down, ws_gate, ws_up, ws_down))
+    weights = (w_gate, w_up, w_down, ws_gate, ws_up, ws_down)
+    ten = _named(x, topk_ids, topk_weights, weights)
     t, dims = _check(where, ten, real=True, ep=_ep(group))
+    dims = dims._replace(precision=_precision(where, precision))
     dev = x.device
     g = _rank_group(group, dev, where)
     y = torch.empty((t, dims.hidden), dtype=torch.bfloat16, device=dev)
@@ -203,7 +272,7 @@ def _forward_op(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, w_gate: Tenso
         saved = torch.empty(_saved_len(ws, t), dtype=torch.uint8, device=dev)
         stream = _stream(dev)
         ws.forward(t, x.data_ptr(), topk_ids.data_ptr(), topk_weights.data_ptr(),
-                   [_ptr(ten[n]) for n in WEIGHTS], y.data_ptr(), _aligned_addr(saved),
+                   _weight_ptrs(ws, weights, dev, stream), y.data_ptr(), _aligned_addr(saved),
                    stream)
         if debug and backend == "cuda":
             ws.check(stream)
@@ -212,9 +281,10 @@ def _forward_op(x: Tensor, topk_ids: Tensor, topk_weights: Tensor, w_gate: Tenso
 
 @_forward_op.register_fake
 def _forward_fake(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down,
-                  max_tokens=0, group=0):
+                  max_tokens=0, group=0, precision="bf16"):
     ten = _named(x, topk_ids, topk_weights, (w_gate, w_up, w_down, ws_gate, ws_up, ws_down))
     t, dims = _check("mok.moe", ten, real=False, ep=_ep(group))
+    dims = dims._replace(precision=_precision("mok.moe", precision))
     y = x.new_empty((t, dims.hidden))
     if isinstance(t, int):
         # Static shapes: the size comes from the library, from the workspace the call will use.
@@ -233,12 +303,15 @@ def _forward_fake(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_u
 @torch.library.custom_op("mok::backward", mutates_args=())
 def _backward_op(dy: Tensor, x: Tensor, topk_ids: Tensor, topk_weights: Tensor, w_gate: Tensor,
                  w_up: Tensor, w_down: Tensor, ws_gate: Optional[Tensor], ws_up: Optional[Tensor],
-                 ws_down: Optional[Tensor], saved: Tensor, group: int = 0) -> list[Tensor]:
+                 ws_down: Optional[Tensor], saved: Tensor, group: int = 0,
+                 precision: str = "bf16") -> list[Tensor]:
     """Returns [dx, d_topk_weights, dw_gate, dw_up, dw_down, dws_gate, dws_up, dws_down]; the
     shared-expert grads are empty (I_s = 0) when there is no shared expert."""
     where = "mok.moe backward"
-    ten = _named(x, topk_ids, topk_weights, (w_gate, w_up, w_down, ws_gate, ws_up, ws_down), dy)
+    weights = (w_gate, w_up, w_down, ws_gate, ws_up, ws_down)
+    ten = _named(x, topk_ids, topk_weights, weights, dy)
     t, dims = _check(where, ten, real=True, ep=_ep(group))
+    dims = dims._replace(precision=_precision(where, precision))
     out = _grad_outputs(dy, dims, t, _ep(group))
     dev = x.device
     g = _rank_group(group, dev, where)
@@ -256,7 +329,7 @@ def _backward_op(dy: Tensor, x: Tensor, topk_ids: Tensor, topk_weights: Tensor, 
         stream = _stream(dev)
         g = out[2:5] + (out[5:] if dims.shared_inter else [None] * 3)
         ws.backward(t, x.data_ptr(), topk_ids.data_ptr(), topk_weights.data_ptr(),
-                    [_ptr(ten[n]) for n in WEIGHTS], _aligned_addr(saved), dy.data_ptr(),
+                    _weight_ptrs(ws, weights, dev, stream), _aligned_addr(saved), dy.data_ptr(),
                     out[0].data_ptr(), out[1].data_ptr(), [_ptr(gi) for gi in g], "bf16", stream)
         if _debug and backend == "cuda" and not _capturing(dev):
             ws.check(stream)
@@ -272,7 +345,7 @@ def _backward_main_grad_op(dy: Tensor, x: Tensor, topk_ids: Tensor, topk_weights
                            ws_up: Optional[Tensor], ws_down: Optional[Tensor], saved: Tensor,
                            m_gate: Tensor, m_up: Tensor, m_down: Tensor, ms_gate: Optional[Tensor],
                            ms_up: Optional[Tensor], ms_down: Optional[Tensor],
-                           group: int = 0) -> list[Tensor]:
+                           group: int = 0, precision: str = "bf16") -> list[Tensor]:
     """mok::backward with MOK_GRAD_ACCUMULATE_F32: adds the weight gradients to the main grads m*
     (fp32, one per weight, None with the weight) and returns [dx, d_topk_weights]."""
     where = "mok.moe backward"
@@ -280,6 +353,7 @@ def _backward_main_grad_op(dy: Tensor, x: Tensor, topk_ids: Tensor, topk_weights
     main_grads = [m for m in (m_gate, m_up, m_down, ms_gate, ms_up, ms_down) if m is not None]
     ten = _named(x, topk_ids, topk_weights, weights, dy)
     t, dims = _check(where, ten, real=True, ep=_ep(group))
+    dims = dims._replace(precision=_precision(where, precision))
     _check_main_grads(where, main_grads, weights, real=True)
     out = _grad_outputs(dy, dims, t, _ep(group))[:2]
     dev = x.device
@@ -296,7 +370,7 @@ def _backward_main_grad_op(dy: Tensor, x: Tensor, topk_ids: Tensor, topk_weights
         stream = _stream(dev)
         mg = list(main_grads) + [None] * (6 - len(main_grads))
         ws.backward(t, x.data_ptr(), topk_ids.data_ptr(), topk_weights.data_ptr(),
-                    [_ptr(ten[n]) for n in WEIGHTS], _aligned_addr(saved), dy.data_ptr(),
+                    _weight_ptrs(ws, weights, dev, stream), _aligned_addr(saved), dy.data_ptr(),
                     out[0].data_ptr(), out[1].data_ptr(), [_ptr(m) for m in mg], "f32", stream)
         if _debug and backend == "cuda" and not _capturing(dev):
             ws.check(stream)
@@ -306,7 +380,7 @@ def _backward_main_grad_op(dy: Tensor, x: Tensor, topk_ids: Tensor, topk_weights
 @_backward_main_grad_op.register_fake
 def _backward_main_grad_fake(dy, x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up,
                              ws_down, saved, m_gate, m_up, m_down, ms_gate, ms_up, ms_down,
-                             group=0):
+                             group=0, precision="bf16"):
     weights = (w_gate, w_up, w_down, ws_gate, ws_up, ws_down)
     main_grads = [m for m in (m_gate, m_up, m_down, ms_gate, ms_up, ms_down) if m is not None]
     ten = _named(x, topk_ids, topk_weights, weights, dy)
@@ -346,7 +420,7 @@ def _grad_outputs(dy, dims, t, ep=1):
 
 @_backward_op.register_fake
 def _backward_fake(dy, x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down,
-                   saved, group=0):
+                   saved, group=0, precision="bf16"):
     ten = _named(x, topk_ids, topk_weights, (w_gate, w_up, w_down, ws_gate, ws_up, ws_down), dy)
     t, dims = _check("mok.moe backward", ten, real=False, ep=_ep(group))
     return _grad_outputs(dy, dims, t, _ep(group))
@@ -360,14 +434,14 @@ class _MoE(torch.autograd.Function):
 
     @staticmethod
     def forward(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up, ws_down,
-                max_tokens, group, main_grads):
+                max_tokens, group, main_grads, precision):
         return torch.ops.mok.forward(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate,
-                                     ws_up, ws_down, max_tokens, group)
+                                     ws_up, ws_down, max_tokens, group, precision)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        x, ids, tw, wg, wu, wd, wsg, wsu, wsd, _max_tokens, group, main_grads = inputs
-        ctx.has_shared, ctx.group = wsg is not None, group
+        x, ids, tw, wg, wu, wd, wsg, wsu, wsd, _max_tokens, group, main_grads, precision = inputs
+        ctx.has_shared, ctx.group, ctx.precision = wsg is not None, group, precision
         ctx.main_grad = main_grads is not None
         ctx.save_for_backward(x, ids, tw, wg, wu, wd, wsg, wsu, wsd, output[1],
                               *(main_grads or ()))
@@ -382,7 +456,7 @@ class _MoE(torch.autograd.Function):
         x, ids, tw, wg, wu, wd, wsg, wsu, wsd, saved, *main_grads = ctx.saved_tensors
         if dy is None:  # y does not reach what is differentiated
             if not ctx.group:
-                return (None,) * 12  # no gradient for any input
+                return (None,) * 13  # no gradient for any input
             dy = torch.zeros_like(x)  # an EP rank still takes part in the group's backward
         args = (dy.contiguous(), x, ids, tw, wg, wu, wd, wsg, wsu, wsd, saved)
         # The gradients are not differentiable again (under torch.func.grad the backward's inputs
@@ -390,17 +464,21 @@ class _MoE(torch.autograd.Function):
         with torch.no_grad():
             if ctx.main_grad:
                 mg = main_grads + [None] * (6 - len(main_grads))
-                dx, dtw = torch.ops.mok.backward_main_grad(*args, *mg, ctx.group)
-                return (dx, None, dtw) + (None,) * 9
-            g = torch.ops.mok.backward(*args, ctx.group)
+                dx, dtw = torch.ops.mok.backward_main_grad(*args, *mg, ctx.group, ctx.precision)
+                return (dx, None, dtw) + (None,) * 10
+            g = torch.ops.mok.backward(*args, ctx.group, ctx.precision)
         shared = tuple(g[5:]) if ctx.has_shared else (None, None, None)
-        return (g[0], None, g[1], g[2], g[3], g[4], *shared, None, None, None)
+        return (g[0], None, g[1], g[2], g[3], g[4], *shared, None, None, None, None)
 
 
 # ---- the public API -----------------------------------------------------------------------------
 def moe(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate=None, ws_up=None, ws_down=None,
-        *, max_tokens=None, group=None, main_grads=None):
+        *, max_tokens=None, group=None, main_grads=None, precision="bf16"):
     """y = shared(x) + sum_j topk_weights[:, j] * expert_{topk_ids[:, j]}(x) (DESIGN.md §1).
+
+    precision: "bf16", or "fp8": every product on e4m3 operands with fp32 scales (DESIGN.md §8);
+    the weights stay bf16 parameters with bf16 gradients, and their FP8 copy is made and kept for
+    you (made again whenever a weight changed; see the module's docstring).
 
     x [T, H] bf16; topk_ids [T, k] int32 or int64 (global expert ids, each in 0..E-1: padding
     slots, id -1, are refused); topk_weights [T, k] fp32 or bf16 (taken as fp32); w_gate, w_up
@@ -425,6 +503,7 @@ def moe(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate=None, ws_up=Non
                     ("ws_up", ws_up), ("ws_down", ws_down)):
         if not isinstance(t, Tensor) and not (t is None and name.startswith("ws_")):
             raise TypeError(f"mok.moe: {name} is a {type(t).__name__}; expected a torch.Tensor")
+    _precision("mok.moe", precision)
     if topk_ids.dtype == torch.int64:
         topk_ids = topk_ids.to(torch.int32)
     if topk_weights.dtype == torch.bfloat16:  # its gradient comes back as bf16 through the cast
@@ -437,9 +516,9 @@ def moe(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate=None, ws_up=Non
         weights = (w_gate, w_up, w_down, ws_gate, ws_up, ws_down)
         _check_main_grads("mok.moe", main_grads, weights, real=False)
         return _moe_main_grad(x, topk_ids, topk_weights, *weights, int(max_tokens or 0),
-                              _group_of(group), main_grads)
+                              _group_of(group), main_grads, precision)
     y, _saved = _MoE.apply(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate, ws_up,
-                           ws_down, int(max_tokens or 0), _group_of(group), None)
+                           ws_down, int(max_tokens or 0), _group_of(group), None, precision)
     return y
 
 
@@ -476,13 +555,15 @@ class MoELayer(torch.nn.Module):
     With `group` (a torch.distributed process group, see moe) the layer holds this rank's
     experts / ep experts and needs max_tokens. With main_grad=True backward adds the weight
     gradients to each weight's fp32 `main_grad` (Megatron's; made as zeros where absent) and
-    leaves .grad alone."""
+    leaves .grad alone. precision="fp8" runs the layer in FP8 as moe does, the bf16 weights
+    staying the parameters."""
 
     def __init__(self, hidden, inter, experts, top_k, shared_inter=0, *, device=None,
                  dtype=torch.bfloat16, max_tokens=None, group=None, router=None,
-                 main_grad=False):
+                 main_grad=False, precision="bf16"):
         super().__init__()
         self.main_grad = bool(main_grad)
+        self.precision = _precision("MoELayer", precision)
         if router is not None and (router.hidden, router.experts, router.top_k) != (
                 hidden, experts, top_k):
             raise ValueError(f"MoELayer: router is for hidden {router.hidden}, experts "
@@ -536,7 +617,7 @@ class MoELayer(torch.nn.Module):
             y, self.counts, self.aux_loss, self.z_loss = routed_moe(
                 x.reshape(-1, self.hidden), self.router,
                 (self.w_gate, self.w_up, self.w_down, self.ws_gate, self.ws_up, self.ws_down),
-                max_tokens=self.max_tokens, group=_group_of(self.group))
+                max_tokens=self.max_tokens, group=_group_of(self.group), precision=self.precision)
             return y.reshape(*lead, self.hidden)
         if topk_ids is None or topk_weights is None:
             raise ValueError("MoELayer: pass topk_ids and topk_weights, or make the layer with "
@@ -544,7 +625,8 @@ class MoELayer(torch.nn.Module):
         y = moe(x.reshape(-1, self.hidden), topk_ids.reshape(-1, self.top_k),
                 topk_weights.reshape(-1, self.top_k), self.w_gate, self.w_up, self.w_down,
                 self.ws_gate, self.ws_up, self.ws_down, max_tokens=self.max_tokens,
-                group=self.group, main_grads=self.main_grads() if self.main_grad else None)
+                group=self.group, main_grads=self.main_grads() if self.main_grad else None,
+                precision=self.precision)
         return y.reshape(*lead, self.hidden)
 
     def main_grads(self):
@@ -559,4 +641,5 @@ class MoELayer(torch.nn.Module):
 
     def extra_repr(self):
         return (f"hidden={self.hidden}, inter={self.inter}, experts={self.experts}, "
-                f"top_k={self.top_k}, shared_inter={self.shared_inter}")
+                f"top_k={self.top_k}, shared_inter={self.shared_inter}, "
+                f"precision={self.precision}")

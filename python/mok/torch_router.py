@@ -213,11 +213,12 @@ class _RoutedMoE(torch.autograd.Function):
     with accumulate_dx, so the router's dx is added into the layer's dx in place."""
 
     @staticmethod
-    def forward(ctx, x, w_router, bias, opts, max_tokens, group, *weights):
+    def forward(ctx, x, w_router, bias, opts, max_tokens, group, precision, *weights):
         top_k = opts[0]
         ids, tw, counts, aux, z, rsaved = torch.ops.mok.router_forward(x, w_router, bias, *opts)
-        y, saved = torch.ops.mok.forward(x, ids, tw, *weights, max_tokens, group)
+        y, saved = torch.ops.mok.forward(x, ids, tw, *weights, max_tokens, group, precision)
         ctx.opts, ctx.group, ctx.has_shared, ctx.top_k = opts, group, weights[3] is not None, top_k
+        ctx.precision = precision
         ctx.save_for_backward(x, w_router, ids, tw, rsaved, saved, *weights)
         ctx.mark_non_differentiable(counts)
         ctx.set_materialize_grads(False)
@@ -228,18 +229,19 @@ class _RoutedMoE(torch.autograd.Function):
         x, w_router, ids, tw, rsaved, saved, *weights = ctx.saved_tensors
         if dy is None:
             dy = torch.zeros_like(x)
-        g = torch.ops.mok.backward(dy.contiguous(), x, ids, tw, *weights, saved, ctx.group)
+        g = torch.ops.mok.backward(dy.contiguous(), x, ids, tw, *weights, saved, ctx.group,
+                                   ctx.precision)
         dx = g[0]
         dw = torch.ops.mok.router_backward(dx, True, x, w_router, rsaved, g[1], d_aux, d_z,
                                            *ctx.opts)
         shared = tuple(g[5:]) if ctx.has_shared else (None, None, None)
-        return (dx, dw, None, None, None, None, g[2], g[3], g[4], *shared)
+        return (dx, dw, None, None, None, None, None, g[2], g[3], g[4], *shared)
 
 
-def routed_moe(x, router, weights, *, max_tokens=None, group=0):
+def routed_moe(x, router, weights, *, max_tokens=None, group=0, precision="bf16"):
     """y, counts, aux_loss, z_loss of the router `router` (a Router) feeding the layer of
-    `weights` (w_gate, w_up, w_down, ws_gate, ws_up, ws_down) on x [T, H]."""
+    `weights` (w_gate, w_up, w_down, ws_gate, ws_up, ws_down) on x [T, H], at `precision`."""
     opts = (router.top_k, router.scoring, router.n_group, router.topk_group, router.renormalize,
             router.scale)
     return _RoutedMoE.apply(x, router.weight, router.bias, opts, int(max_tokens or 0), group,
-                            *weights)
+                            precision, *weights)

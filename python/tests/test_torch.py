@@ -301,10 +301,11 @@ def test_bad_device_names_the_argument():
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
-def test_torch_compile_fullgraph(device, backend):
+@pytest.mark.parametrize("backend,precision", [("aot_eager", "bf16"), ("inductor", "bf16"),
+                                               ("aot_eager", "fp8")])
+def test_torch_compile_fullgraph(device, backend, precision):
     torch._dynamo.reset()
-    layer = mok.MoELayer(64, 128, 8, 2, shared_inter=64, device=device)
+    layer = mok.MoELayer(64, 128, 8, 2, shared_inter=64, device=device, precision=precision)
     x = torch.randn(40, 64, device=device, dtype=torch.bfloat16, requires_grad=True)
     tw, ids = torch.randn(40, 8, device=device).softmax(-1).topk(2, dim=-1)
     tw.requires_grad_()
@@ -346,6 +347,124 @@ def test_torch_compile_dynamic_tokens(device):
         (g,) = torch.autograd.grad(y, [ten["x"]], dy)
         (gc,) = torch.autograd.grad(yc, [ten["x"]], dy)
         assert torch.equal(y, yc) and torch.equal(g, gc)
+
+
+# ---- FP8 (DESIGN.md §8) -------------------------------------------------------------------------
+def test_fp8_cpu_same_bits_as_numpy_api():
+    ten, dy = make(48, 64, 128, 8, 2, 64, "cpu", seed=5)
+    y, g = fwd_bwd(lambda **t: mok.moe(**t, precision="fp8"), ten, dy)
+    bits = lambda t: None if t is None else t.detach().view(torch.int16).numpy().view("uint16")
+    args = [bits(ten[n]) if n != "topk_ids" and n != "topk_weights" else ten[n].detach().numpy()
+            for n in ("x", "topk_ids", "topk_weights", "w_gate", "w_up", "w_down", "ws_gate",
+                      "ws_up", "ws_down")]
+    yn, saved = mok.forward(*args, precision="fp8")
+    gn = mok.backward(bits(dy), *args, saved=saved, precision="fp8")
+    assert (bits(y) == yn).all()
+    assert (bits(g[0]) == gn.dx).all() and (g[1].detach().numpy() == gn.d_topk_weights).all()
+    for a, n in zip(g[2:], ("dw_gate", "dw_up", "dw_down", "dws_gate", "dws_up", "dws_down")):
+        assert (bits(a) == getattr(gn, n)).all(), n
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_fp8_against_float32_reference(device):
+    """Every output within what e4m3 costs (0.10: the bound of test_numpy.py's FP8 test), and
+    quantized (over 0.01); the weights' gradients are bf16, as the parameters are."""
+    ten, dy = make(64, 128, 128, 8, 2, 64, device, seed=6)
+    y, g = fwd_bwd(lambda **t: mok.moe(**t, precision="fp8"), ten, dy)
+    yr, gr = fwd_bwd(ref_moe, ten, dy)
+    assert 0.01 < rel(y, yr) < 0.10
+    for n, a, b in zip([n for n in DIFF if ten[n] is not None], g, gr):
+        assert a.dtype == ten[n].dtype and 0.01 < rel(a, b) < 0.10, (n, rel(a, b))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_fp8_weights_quantized_once_until_they_change(device, monkeypatch):
+    calls = []
+    quantize = mok.core.Workspace.quantize_weights
+    monkeypatch.setattr(mok.core.Workspace, "quantize_weights",
+                        lambda self, *a, **k: (calls.append(1), quantize(self, *a, **k))[1])
+    torch.manual_seed(7)
+    make_layer = lambda: mok.MoELayer(64, 128, 8, 2, shared_inter=64, device=device,
+                                      precision="fp8")
+    layer, other = make_layer(), make_layer()
+    x = torch.randn(40, 64, device=device, dtype=torch.bfloat16)
+    tw, ids = torch.randn(40, 8, device=device).softmax(-1).topk(2, dim=-1)
+    y1 = layer(x, ids, tw)
+    y1.float().square().sum().backward()
+    assert len(calls) == 1  # the backward found the forward's copy current
+    assert torch.equal(layer(x, ids, tw), y1) and len(calls) == 1
+    other(x, ids, tw)
+    layer(x, ids, tw)
+    assert len(calls) == 2  # each layer's weights have their own copy
+    torch.optim.SGD(layer.parameters(), lr=0.01).step()  # in place: the versions move
+    y2 = layer(x, ids, tw)
+    assert len(calls) == 3 and not torch.equal(y2, y1)
+    fresh = make_layer()
+    fresh.load_state_dict(layer.state_dict())
+    assert torch.equal(fresh(x, ids, tw), y2)  # the new weights, not a stale copy
+    with torch.no_grad():
+        layer.w_down.data = layer.w_down.data * 2  # another tensor behind the same parameter
+    y3 = layer(x, ids, tw)
+    assert len(calls) == 5 and not torch.equal(y3, y2)
+    fresh.load_state_dict(layer.state_dict())
+    assert torch.equal(fresh(x, ids, tw), y3)
+    mok.MoELayer(64, 128, 8, 2, device=device)(x, ids, tw)
+    assert len(calls) == 6  # bf16: no copy
+
+
+def test_fp8_router_layer_and_bad_precision():
+    torch.manual_seed(8)
+    layers = {p: mok.MoELayer(64, 64, 8, 2, router=mok.Router(64, 8, 2), precision=p)
+              for p in ("bf16", "fp8")}
+    layers["fp8"].load_state_dict(layers["bf16"].state_dict())
+    x = torch.randn(24, 64, dtype=torch.bfloat16)
+    y = {p: layer(x) for p, layer in layers.items()}
+    assert 0.01 < rel(y["fp8"], y["bf16"]) < 0.10
+    y["fp8"].float().square().sum().backward()
+    assert all(p.grad is not None for p in layers["fp8"].parameters())
+    ten, _ = make(8, 64, 64, 4, 2, 0, "cpu")
+    with pytest.raises(ValueError, match="precision is 'fp16'; expected 'bf16' or 'fp8'"):
+        mok.moe(**ten, precision="fp16")
+    with pytest.raises(ValueError, match="MoELayer: precision is 'e4m3'"):
+        mok.MoELayer(64, 64, 4, 2, precision="e4m3")
+
+
+@needs_cuda
+def test_cuda_fp8_agrees_with_cpu_backend():
+    ten, dy = make(96, 128, 128, 8, 2, 64, "cpu", seed=9)
+    fp8 = lambda **t: mok.moe(**t, precision="fp8")
+    y, g = fwd_bwd(fp8, ten, dy)
+    tc = {n: None if v is None else v.detach().cuda().requires_grad_(v.requires_grad)
+          for n, v in ten.items()}
+    yc, gc = fwd_bwd(fp8, tc, dy.cuda())
+    assert rel(yc.cpu(), y) < 1e-2
+    for a, b in zip(gc, g):
+        assert rel(a.cpu(), b) < 1e-2
+
+
+@needs_cuda
+def test_cuda_fp8_graph_replay_quantizes_the_weights_of_then():
+    """A captured FP8 call quantizes the weights in the graph: a replay after the weights changed
+    in place gives what an eager call with the new weights gives."""
+    ten, dy = make(64, 128, 128, 8, 2, 64, "cuda", seed=10)
+    args = [ten[n] if n == "topk_ids" or ten[n] is None else ten[n].detach() for n in
+            ("x", "topk_ids", "topk_weights", "w_gate", "w_up", "w_down", "ws_gate", "ws_up",
+             "ws_down")]
+    call = lambda: torch.ops.mok.forward(*args, 0, 0, "fp8")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        call()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y_g, _ = call()
+    with torch.no_grad():
+        args[5].mul_(-1.5)  # w_down, in place
+        args[3].copy_(args[3].flip(0))  # w_gate, in place
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(y_g, call()[0])
 
 
 @needs_cuda
