@@ -49,8 +49,8 @@ def implementations(shape, device):
            else layers.loop_moe)
 
     def mok_layer(x, w_router, w_gate, w_up, w_down, ws_gate, ws_up, ws_down):
-        return _RoutedMoE.apply(x, w_router, None, opts, 0, 0, w_gate, w_up, w_down, ws_gate,
-                                ws_up, ws_down)[0]
+        return _RoutedMoE.apply(x, w_router, None, opts, 0, 0, "bf16", w_gate, w_up, w_down,
+                                ws_gate, ws_up, ws_down)[0]
 
     def torch_layer(x, w_router, w_gate, w_up, w_down, ws_gate, ws_up, ws_down):
         ids, tw, _, _, _ = layers.torch_router(x, w_router, shape.k, **o)
