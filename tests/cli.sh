@@ -38,6 +38,11 @@ check cli/bad_option 2 "unknown option '--scal'" -- $mok run --scal 1/16
 check cli/bad_scale 2 "expected 1/N" -- $mok bench --scale 16
 check cli/too_many_threads 2 "--threads 100000: expected 0..1024" -- \
   $mok run --shape dsv3 --scale 1/32 --backend cpu --threads 100000
+# --check-rows beyond the rows there are checks each of them once (2048 = 8 experts x 256 rows),
+# in a second; it used to plan 2^31 rows, for minutes, before printing anything.
+check cli/check_rows_capped 0 'about 0 s .*dw_gate +2048 rows .*dw_down +2048 columns .*run: PASS' \
+  -- timeout 60 $mok run --shape mixtral-8x7b --scale 1/64 --tokens 8 --backend cpu \
+  --check-rows 2147483647
 check cli/info 0 'CUDA devices visible: [0-9]+' -- $mok info
 
 small=(--scale 1/32 --backend cpu)

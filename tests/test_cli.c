@@ -155,6 +155,16 @@ static void parse_errors(void) {
     CHECK(rc == -1 && strstr(err, bad[i][1]), "'%s' -> %d '%s'; expected an error with '%s'",
           bad[i][0], rc, err, bad[i][1]);
   }
+  /* Values with spaces, as a shell passes them quoted: strtoull reads " -1" as 2^64 - 1. */
+  static const char *const spaced[] = {" -1", " 7", "+7", "7 "};
+  for (size_t i = 0; i < sizeof spaced / sizeof spaced[0]; i++) {
+    char *argv[] = {"mok", "run", "--seed", (char *)spaced[i]};
+    cli_options o;
+    char err[256] = "";
+    int rc = cli_parse(4, argv, &o, err, sizeof err);
+    CHECK(rc == -1 && strstr(err, "--seed"), "--seed '%s' -> %d (seed %llu) '%s'", spaced[i], rc,
+          (unsigned long long)o.seed, err);
+  }
 }
 
 static void flops(void) {

@@ -197,11 +197,44 @@ static void fp8_grads_f32_vs_ref64(void) {
   run_case(&fp8_shape, 301, 312, MOK_GRAD_ACCUMULATE_F32, "fp8, T<max");
 }
 
+/* ref64's columns of the down gradients are its rows' values to the bit, at BF16 and at FP8
+ * (whose groups run along the expert's rows either way): `mok run` checks columns, which cost a
+ * gate/up column per token where a row costs all of gate/up. 300 tokens: two blocks of 128 rows
+ * and a partial one for the shared expert. */
+static void ref64_down_columns_are_rows(void) {
+  for (int fp8 = 0; fp8 < 2; fp8++) {
+    const mok_shape s = {300, 256, 192, 128, 4, 2, fp8 ? MOK_FP8 : MOK_BF16, 0};
+    mok_host_layer L;
+    if (mok_host_layer_create(&s, 300, 71, &L) != MOK_OK) {
+      CHECK(0, "mok_host_layer_create: %s", mok_last_error());
+      continue;
+    }
+    const int64_t H = s.hidden;
+    for (int which = MOK_REF_DW_DOWN; which <= MOK_REF_DWS_DOWN; which += 3) {
+      const int64_t I = which == MOK_REF_DW_DOWN ? s.inter : s.shared_inter;
+      const int64_t e = which == MOK_REF_DW_DOWN ? 2 : 0, hs[4] = {0, 1, 130, H - 1};
+      double row[4][192], col[3][256];
+      const int64_t cols[3] = {0, 77, I - 1};
+      for (int c = 0; c < 3; c++) mok_ref64_down_col(&L, (mok_ref_grad)which, e, cols[c], col[c]);
+      for (int r = 0; r < 4; r++) {
+        mok_ref64_grad_row(&L, (mok_ref_grad)which, e, hs[r], row[r]);
+        for (int c = 0; c < 3; c++)
+          CHECK(col[c][hs[r]] == row[r][cols[c]],
+                "%s %s [%lld][%lld]: column gives %.17g, row %.17g", fp8 ? "fp8" : "bf16",
+                which == MOK_REF_DW_DOWN ? "dw_down" : "dws_down", (long long)hs[r],
+                (long long)cols[c], col[c][hs[r]], row[r][cols[c]]);
+      }
+    }
+    mok_host_layer_destroy(&L);
+  }
+}
+
 const test_case tests_numerics[] = {
     {"cpu/forward_vs_ref64", forward_vs_ref64},
     {"cpu/grads_bf16_vs_ref64", grads_bf16_vs_ref64},
     {"cpu/grads_f32_vs_ref64", grads_f32_vs_ref64},
     {"cpu/dsv3_sixteenth_vs_ref64", dsv3_sixteenth},
+    {"cpu/ref64_down_columns_are_rows", ref64_down_columns_are_rows},
     {"fp8/cpu_grads_bf16_vs_ref64", fp8_grads_bf16_vs_ref64},
     {"fp8/cpu_grads_f32_vs_ref64", fp8_grads_f32_vs_ref64},
     {NULL, NULL}};

@@ -1,12 +1,14 @@
 /*
  * check.c: `mok run`'s comparison of the downloaded outputs with the float64 recomputation of
  * src/cpu/ref64.h, on a sample: --check-tokens tokens spread over the batch (their rows of y and
- * dx and their d_topk_weights) and, for each weight gradient, rows at seeded pseudo-random
- * (expert, row) places. Per tensor it reports ||got - ref|| / ||ref|| (L2 over the sampled
- * values) and the largest |got - ref|. The float64 rows are computed in parallel and compared in
- * a fixed order, so the table does not depend on the thread count.
+ * dx and their d_topk_weights) and, for each weight gradient, --check-rows rows (gate, up) or
+ * columns (down) at seeded pseudo-random (expert, row) places, or every one there is. Per tensor
+ * it reports ||got - ref|| / ||ref|| (L2 over the sampled values) and the largest |got - ref|.
+ * The float64 values are computed in parallel and compared in a fixed order, so the table does
+ * not depend on the thread count.
  */
 #include <math.h>
+#include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -51,54 +53,83 @@ static int64_t spread(int64_t i, int64_t n, int64_t count) {
   return n <= 1 ? 0 : i * (count - 1) / (n - 1);
 }
 
-/* One weight gradient: which ref64 row, which output, and its shape. */
-typedef struct grad_rows {
+/* One weight gradient, checked by units of H values: rows of a gate or up gradient ([e][i][:]),
+ * columns of a down gradient ([e][:][i]), so that every unit costs about the same: a gate/up
+ * column of each of the expert's tokens (mok_ref64_down_col), where a row of a down gradient
+ * would cost all of gate/up. */
+typedef struct grad_units {
   mok_ref_grad which;
   tool_output out;
-  int64_t experts, rows, width, inter; /* inter: the expert's I (I_s for the shared one) */
-} grad_rows;
+  int64_t experts, units; /* units = the expert's I (I_s for the shared one) */
+  int by_column;
+} grad_units;
 
-/* Sample i of gradient g: a pseudo-random (expert, row) from splitmix64 of seed, g and i. */
-static void pick(uint64_t seed, int g, int64_t i, const grad_rows *gr, int64_t *e, int64_t *row) {
+static const char *unit_name(const grad_units *g) { return g->by_column ? "columns" : "rows"; }
+
+/* Element v (of H) of unit u of expert e, as an index into the gradient. */
+static int64_t unit_at(const grad_units *g, int64_t H, int64_t e, int64_t u, int64_t v) {
+  return g->by_column ? (e * H + v) * g->units + u : (e * g->units + u) * H + v;
+}
+
+/* Unit i of the n checked of gradient g: all of them in order when n covers every unit, else a
+ * pseudo-random (expert, unit) from splitmix64 of seed, g and i. */
+static void pick(uint64_t seed, int g, int64_t i, int64_t n, const grad_units *gr, int64_t *e,
+                 int64_t *u) {
+  if (n >= gr->experts * gr->units) {
+    *e = i / gr->units, *u = i % gr->units;
+    return;
+  }
   uint64_t z = seed + 0x9e3779b97f4a7c15ull * (uint64_t)(1 + 1000 * g + i);
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
   z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
   z ^= z >> 31;
   *e = (int64_t)(z % (uint64_t)gr->experts);
-  *row = (int64_t)((z >> 20) % (uint64_t)gr->rows);
+  *u = (int64_t)((z >> 20) % (uint64_t)gr->units);
 }
 
-/* Multiply-adds of ref64's recomputation of one gradient row: each token through the expert
- * recomputes its gate/up and SwiGLU backward, about 3 * I * H. */
-static double row_cost(const tool_layer *L, const grad_rows *g, int64_t e) {
+/* Tokens routed to expert e (all of them for the shared expert). */
+static int64_t tokens_of(const tool_layer *L, const grad_units *g, int64_t e) {
   const mok_shape *s = &L->o->shape;
-  int64_t tokens = s->max_tokens;
-  if (g->experts > 1) {
-    tokens = 0;
-    for (int64_t r = 0; r < s->max_tokens * s->top_k; r++) tokens += L->in.topk_ids[r] == e;
-  }
-  return 3.0 * (double)tokens * (double)g->inter * (double)s->hidden;
+  if (g->experts == 1) return s->max_tokens;
+  int64_t n = 0;
+  for (int64_t r = 0; r < s->max_tokens * s->top_k; r++) n += L->in.topk_ids[r] == e;
+  return n;
 }
 
-/* Rows per gradient, nr[g]: --check-rows, or by default as many of CLI_CHECK_ROWS as
- * CLI_CHECK_BUDGET allows, taken in rounds over the gradients (each keeps at least one).
- * Returns the estimated multiply-adds. */
-static double plan_rows(const tool_layer *L, const grad_rows *grads, int ngrads, int64_t *nr) {
+/* Units per gradient, nu[g]: --check-rows (at most every unit there is), or by default as many
+ * of CLI_CHECK_ROWS as CLI_CHECK_BUDGET allows, taken in rounds over the gradients (each keeps
+ * at least one). Returns the estimated multiply-adds: about 4 H per token of the unit's expert
+ * (its gate and up dot products, dh or dy, and the sum). */
+static double plan_units(const tool_layer *L, const grad_units *grads, int ngrads, int64_t *nu) {
   const int fixed = L->o->check_rows != CLI_DEFAULT;
-  const int64_t max_rows = fixed ? L->o->check_rows : CLI_CHECK_ROWS;
+  const int64_t want = fixed ? L->o->check_rows : CLI_CHECK_ROWS, H = L->o->shape.hidden;
+  int64_t most = 0, e, u;
+  for (int g = 0; g < ngrads; g++) {
+    nu[g] = 0;
+    if (grads[g].experts * grads[g].units > most) most = grads[g].experts * grads[g].units;
+  }
   double work = 0;
-  int64_t e, row;
-  for (int g = 0; g < ngrads; g++) nr[g] = 0;
-  for (int64_t i = 0; i < max_rows; i++)
+  int64_t *tokens = calloc((size_t)L->o->shape.experts, sizeof *tokens);
+  for (int g = 0; g < ngrads && tokens; g++)
+    for (e = 0; e < grads[g].experts; e++) tokens[e] = tokens_of(L, &grads[g], e);
+  for (int64_t i = 0; i < (want < most ? want : most); i++)
     for (int g = 0; g < ngrads; g++) {
-      if (nr[g] < i) continue; /* stopped by the budget */
-      pick(L->o->seed, g, i, &grads[g], &e, &row);
-      const double c = row_cost(L, &grads[g], e);
+      const int64_t all = grads[g].experts * grads[g].units;
+      if (nu[g] < i || i >= all) continue; /* stopped by the budget, or every unit taken */
+      pick(L->o->seed, g, i, want < all ? want : all, &grads[g], &e, &u);
+      const double c = 4.0 * (double)H * (double)(tokens ? tokens[e] : L->o->shape.max_tokens);
       if (!fixed && i > 0 && work + c > CLI_CHECK_BUDGET) continue;
-      nr[g] = i + 1;
+      nu[g] = i + 1;
       work += c;
     }
+  free(tokens);
   return work;
+}
+
+/* Multiply-adds of ref64's recomputation of one token: per expert (the shared one and its k
+ * routed ones), gate/up (2 I H), down (I H), down's dgrad (I H) and gate/up's dgrad (2 I H). */
+static double token_cost(const mok_shape *s) {
+  return 6.0 * (double)s->hidden * ((double)s->top_k * s->inter + (double)s->shared_inter);
 }
 
 int tool_check_ref(const tool_layer *L) {
@@ -107,42 +138,57 @@ int tool_check_ref(const tool_layer *L) {
   const int64_t T = s->max_tokens, H = s->hidden, I = s->inter, Is = s->shared_inter;
   const int64_t E = s->experts, k = s->top_k;
   const int64_t nt = o->check_tokens < T ? o->check_tokens : T;
-  const grad_rows grads[6] = {
-      {MOK_REF_DW_GATE, OUT_DW_GATE, E, I, H, I},    {MOK_REF_DW_UP, OUT_DW_UP, E, I, H, I},
-      {MOK_REF_DW_DOWN, OUT_DW_DOWN, E, H, I, I},    {MOK_REF_DWS_GATE, OUT_DWS_GATE, 1, Is, H, Is},
-      {MOK_REF_DWS_UP, OUT_DWS_UP, 1, Is, H, Is},    {MOK_REF_DWS_DOWN, OUT_DWS_DOWN, 1, H, Is, Is},
+  const grad_units grads[6] = {
+      {MOK_REF_DW_GATE, OUT_DW_GATE, E, I, 0},    {MOK_REF_DW_UP, OUT_DW_UP, E, I, 0},
+      {MOK_REF_DW_DOWN, OUT_DW_DOWN, E, I, 1},    {MOK_REF_DWS_GATE, OUT_DWS_GATE, 1, Is, 0},
+      {MOK_REF_DWS_UP, OUT_DWS_UP, 1, Is, 0},     {MOK_REF_DWS_DOWN, OUT_DWS_DOWN, 1, Is, 1},
   };
   const int ngrads = Is > 0 ? 6 : 3;
-  int64_t nr[6], max_rows = 0, rows_total = 0, wmax = H, e, row;
-  const double work = plan_rows(L, grads, ngrads, nr);
-  for (int g = 0; g < ngrads; g++) {
-    rows_total += nr[g];
-    if (nr[g] > max_rows) max_rows = nr[g];
-    if (grads[g].width > wmax) wmax = grads[g].width;
-  }
-  /* tok: per sampled token y[H], dx[H], d_topk_weights[k]; rows: [g][i] gradient rows. */
+  int64_t nu[6], units = 0, e, u;
+  const double work = plan_units(L, grads, ngrads, nu);
+  for (int g = 0; g < ngrads; g++) units += nu[g];
+  /* tok: per sampled token y[H], dx[H], d_topk_weights[k]; ref: a batch of units, H each. */
+  const int threads = omp_get_max_threads();
+  const int64_t batch = 4 * (int64_t)threads;
   double *tok = malloc((size_t)(nt * (2 * H + k) + 1) * sizeof(double));
-  double *rows = malloc((size_t)(ngrads * max_rows * wmax + 1) * sizeof(double));
-  if (!tok || !rows) {
+  double *ref = malloc((size_t)(batch * H) * sizeof(double));
+  if (!tok || !ref) {
     free(tok);
-    free(rows);
+    free(ref);
     tool_error("no host memory for the float64 check");
     return 1;
   }
 
-  double t0 = tool_step("float64 check of %lld tokens and %lld weight-gradient rows (rows: "
-                        "%.2g multiply-adds)", (long long)nt, (long long)rows_total, work);
+  const double tok_work = (double)nt * token_cost(s);
+  double t0 = tool_step("float64 check of %lld tokens (%.2g multiply-adds) and %lld weight-"
+                        "gradient rows and columns (%.2g), about %.0f s on %d threads",
+                        (long long)nt, tok_work, (long long)units, work,
+                        (tok_work + work) / (CLI_CHECK_RATE * threads), threads);
   #pragma omp parallel for schedule(dynamic, 1)
   for (int64_t i = 0; i < nt; i++) {
     double *r = tok + i * (2 * H + k);
     mok_ref64_token(&L->in, spread(i, nt, T), r, r + H, r + 2 * H);
   }
-  #pragma omp parallel for schedule(dynamic, 1) private(e, row)
-  for (int64_t j = 0; j < ngrads * max_rows; j++) {
-    const int g = (int)(j / max_rows);
-    if (j % max_rows >= nr[g]) continue;
-    pick(o->seed, g, j % max_rows, &grads[g], &e, &row);
-    mok_ref64_grad_row(&L->in, grads[g].which, e, row, rows + j * wmax);
+  /* Units a batch at a time (in parallel), their errors added in order: the sums do not depend
+   * on the thread count. */
+  error_sum gerr[6] = {{0, 0, 0}};
+  for (int g = 0; g < ngrads; g++) {
+    const grad_units *gr = &grads[g];
+    const int64_t all = gr->experts * gr->units, n = nu[g] < all ? nu[g] : all;
+    for (int64_t i0 = 0; i0 < n; i0 += batch) {
+      const int64_t m = n - i0 < batch ? n - i0 : batch;
+      #pragma omp parallel for schedule(dynamic, 1) private(e, u)
+      for (int64_t j = 0; j < m; j++) {
+        pick(o->seed, g, i0 + j, n, gr, &e, &u);
+        if (gr->by_column) mok_ref64_down_col(&L->in, gr->which, e, u, ref + j * H);
+        else mok_ref64_grad_row(&L->in, gr->which, e, u, ref + j * H);
+      }
+      for (int64_t j = 0; j < m; j++) {
+        pick(o->seed, g, i0 + j, n, gr, &e, &u);
+        for (int64_t v = 0; v < H; v++)
+          add_errors(&gerr[g], &L->out[gr->out], unit_at(gr, H, e, u, v), ref + j * H + v, 1);
+      }
+    }
   }
   tool_done(t0);
 
@@ -160,17 +206,9 @@ int tool_check_ref(const tool_layer *L) {
                  tok + i * (2 * H + k) + tok_at[c], tok_n[c]);
     failed += report(L->out[tok_out[c]].name, nt, "tokens", &err, o->tol);
   }
-  for (int g = 0; g < ngrads; g++) {
-    const grad_rows *gr = &grads[g];
-    error_sum err = {0, 0, 0};
-    for (int64_t i = 0; i < nr[g]; i++) {
-      pick(o->seed, g, i, gr, &e, &row);
-      add_errors(&err, &L->out[gr->out], (e * gr->rows + row) * gr->width,
-                 rows + (g * max_rows + i) * wmax, gr->width);
-    }
-    failed += report(L->out[gr->out].name, nr[g], "rows", &err, o->tol);
-  }
+  for (int g = 0; g < ngrads; g++)
+    failed += report(L->out[grads[g].out].name, nu[g], unit_name(&grads[g]), &gerr[g], o->tol);
   free(tok);
-  free(rows);
+  free(ref);
   return failed;
 }

@@ -4,6 +4,7 @@
  */
 #include "cli.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <math.h>
 #include <stdarg.h>
@@ -161,7 +162,7 @@ static int apply(cli_options *o, opt_id id, const char *name, const char *v, cha
     case OPT_SEED:
       errno = 0;
       o->seed = strtoull(v, &end, 10);
-      if (errno || end == v || *end || v[0] == '-')
+      if (errno || end == v || *end || !isdigit((unsigned char)v[0])) /* strtoull takes " -1" */
         return fail(err, len, "--seed '%s': expected an integer >= 0", v);
       return 0;
     case OPT_TOL:

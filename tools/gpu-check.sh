@@ -63,6 +63,8 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --fo
 step build 600 make -j16 all build/test_gpu || { printf '%s\n' "${summary[@]}"; exit 1; }
 if [ "$what" = tests ] || [ "$what" = all ]; then
   step gpu-tests 420 ./build/test_gpu
+  # The README's GPU command, whose float64 check must take seconds: its log says how long.
+  step run-dsv3 90 ./build/mok run --shape dsv3 --backend cuda
   [ -z "$torch_nccl" ] || step nccl-torch 120 \
     env LD_LIBRARY_PATH="$torch_nccl${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" ./build/test_gpu gpu/nccl
   step py-tests 300 python3 -m pytest -q -x python/tests

@@ -303,3 +303,43 @@ void mok_ref64_grad_row(const mok_host_layer *L, mok_ref_grad which, int64_t e, 
   free(a), free(v), free(b.x);
   expert_free(&ex);
 }
+
+/* A down gradient's column: the row version's terms a_r * v_r[col] for every row h at once, in
+ * the same order and, at fp8, quantized in the same groups (v_r[col] over the block's rows, a
+ * over the block's rows for each h), so every value is the row version's to the bit. */
+void mok_ref64_down_col(const mok_host_layer *L, mok_ref_grad which, int64_t e, int64_t col,
+                        double *out) {
+  const int64_t H = L->shape.hidden, I = L->shape.inter, Is = L->shape.shared_inter;
+  const int64_t k = L->shape.top_k, T = L->tokens;
+  const int is_shared = which == MOK_REF_DWS_DOWN;
+  ref_expert ex = is_shared ? shared(L) : routed(L, e);
+  for (int64_t h = 0; h < H; h++) out[h] = 0.0;
+  ref_buf b;
+  buf_init(&b, H, I > Is ? I : Is);
+  double *a = malloc((size_t)(G * H) * sizeof(double)), v[G]; /* a[r * H + h] = dy_r[h] */
+  if (!a) abort();
+  int64_t n = 0;
+  for (int64_t q = 0; q <= T * k; q++) {
+    const int last = q == T * k;
+    if (!last) {
+      const int64_t t = q / k, j = q % k;
+      if (is_shared ? j != 0 : L->topk_ids[q] != e) continue;
+      const double w = is_shared ? 1.0 : (double)L->topk_weights[q];
+      load_token(L, t, ex.fp8, b.x, b.dy);
+      const double g = rbf16(dot_w(b.x, &ex.wg, col, H)), u = rbf16(dot_w(b.x, &ex.wu, col, H));
+      v[n] = rbf16(w * silu(g) * u);
+      for (int64_t h = 0; h < H; h++) a[n * H + h] = bf(L->dy[t * H + h]);
+      n++;
+    }
+    if (n < G && !last) continue;
+    if (ex.fp8 && n > 0) {
+      q_group(v, n, 1);
+      for (int64_t h = 0; h < H; h++) q_group(a + h, n, H);
+    }
+    for (int64_t r = 0; r < n; r++)
+      for (int64_t h = 0; h < H; h++) out[h] += a[r * H + h] * v[r];
+    n = 0;
+  }
+  free(a), free(b.x);
+  expert_free(&ex);
+}

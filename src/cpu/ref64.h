@@ -34,6 +34,12 @@ typedef enum mok_ref_grad {
  * routed to e, in double. */
 void mok_ref64_grad_row(const mok_host_layer *L, mok_ref_grad which, int64_t e, int64_t row,
                         double *out);
+/* One column of a down gradient (MOK_REF_DW_DOWN or MOK_REF_DWS_DOWN): out[h] = its element
+ * [e][h][col] for h < H, the same values as the rows give. A row of a down gradient needs all of
+ * gate/up for each of the expert's tokens (2 I H multiply-adds a token); a column needs one
+ * column of each (3 H), like a gate or up row. */
+void mok_ref64_down_col(const mok_host_layer *L, mok_ref_grad which, int64_t e, int64_t col,
+                        double *out);
 
 #ifdef __cplusplus
 }
