@@ -202,6 +202,11 @@ STUB
   check cli/gpu_check_ep_1_gpu_launches_nothing 1 '' -- test -e "$tmp/gc/launches"
   check cli/gpu_check_ep_launch_fails 1 'ep2-tests +FAIL  rc=3.*ep-bench +FAIL' -- \
     env GPUS=2 EP_RC=3 "${gc[@]}"
+  # fp8: the FP8 GPU tests (failing here: no GPU), then each shape's bench at bf16 and fp8 and
+  # their table, on the CPU backend through FP8_ARGS.
+  check cli/gpu_check_fp8 1 '\| fine-7b \| [0-9.]+ \| [0-9.]+ \| [0-9.]+ \| [0-9.]+ \| [0-9]+ \| [0-9.]+ \| yes/yes \|' -- \
+    env SHAPES=fine-7b FP8_ARGS="--backend cpu --scale 1/64 --warmup 0 --repeat 1" \
+    OUT="$tmp/gf" tools/gpu-check.sh fp8
   # sanitize: memcheck and racecheck of the small-shape tests (BF16, FP8), through a recording
   # stand-in.
   printf '#!/bin/sh\necho "$*" >>"$OUT/sanitizer"\n' >"$tmp/stub/compute-sanitizer"

@@ -2,7 +2,10 @@
 # gpu-check.sh: the one command for the device (make gpu-check). Builds everything, runs the GPU
 # tests, the Python tests (torch, CUDA) and the benchmark, writes full logs under $OUT (or
 # results/ when $OUT is unset) and prints a short summary last; exit status 1 if a step failed.
-# Usage: tools/gpu-check.sh [tests|bench|all|sanitize|train|ep|ep-tests|ep-bench]   (default all)
+# Usage: tools/gpu-check.sh [tests|bench|all|sanitize|train|fp8|ep|ep-tests|ep-bench]  (default all)
+#   fp8: the FP8 layer's GPU tests (test_gpu fp8), then `mok bench` of each shape at bf16 and at
+#       fp8, one process each, and tools/fp8_table.py's table of the two (SHAPES: the shapes,
+#       default all six; FP8_ARGS: more options for mok bench).
 #   train: the router and the model of issue 39. examples/check_training.py: a ~60M-parameter
 #       MoE transformer trained 300 steps on the Python standard library's source, twice with mok
 #       and once with the PyTorch MoE; fails unless the two mok loss curves are bit-identical and
@@ -24,8 +27,9 @@
 set -uo pipefail
 what=${1:-all}
 case "$what" in
-  tests | bench | all | sanitize | train | ep | ep-tests | ep-bench) ;;
-  *) echo "usage: tools/gpu-check.sh [tests|bench|all|sanitize|train|ep|ep-tests|ep-bench]" >&2; exit 2 ;;
+  tests | bench | all | sanitize | train | fp8 | ep | ep-tests | ep-bench) ;;
+  *) echo "usage: tools/gpu-check.sh [tests|bench|all|sanitize|train|fp8|ep|ep-tests|ep-bench]" >&2
+     exit 2 ;;
 esac
 out=${OUT:-results}
 mkdir -p "$out"
@@ -75,6 +79,18 @@ fi
 if [ "$what" = train ]; then
   step train 400 python3 examples/check_training.py --out "$out/train"
   step router-bench 300 python3 bench/router.py --out "$out/train"
+fi
+if [ "$what" = fp8 ]; then
+  step fp8-tests 420 ./build/test_gpu fp8
+  mkdir -p "$out/fp8"
+  for s in ${SHAPES:-dsv3 qwen3-30b-a3b qwen3-235b mixtral-8x7b gpt-oss-120b fine-7b}; do
+    for p in bf16 fp8; do
+      # shellcheck disable=SC2086
+      step "$s-$p" 180 ./build/mok bench --shape "$s" --precision "$p" ${FP8_ARGS:-} \
+        --json "$out/fp8/$s-$p.json"
+    done
+  done
+  python3 tools/fp8_table.py "$out/fp8" | tee "$out/fp8.md"
 fi
 if [ "$what" = sanitize ]; then
   for tool in memcheck racecheck; do
