@@ -43,7 +43,8 @@
  * routed-row capacity (on the GPU: the call queues and mok_check reports), a `saved` that its
  * forward did not fill (another workspace's, another call's, garbage, or its schedule
  * overwritten), tensors that overlap `saved`, concurrent calls on one workspace, the ranks of an
- * EP group making different calls at once, thread counts above MOK_MAX_THREADS. What is the
+ * EP group making different calls at once, thread counts above MOK_MAX_THREADS, a CPU workspace
+ * (with a saved of max_tokens) larger than the memory still available. What is the
  * caller's: buffers at least as large as documented (mok is given no sizes), tensors that overlap
  * each other (but x and dx may), x and the weights unchanged from a forward to its backward,
  * `saved`'s activations as the forward left them, the order of calls on different streams, and
@@ -192,7 +193,10 @@ typedef struct mok_shape {
 } mok_shape;
 #define MOK_SHAPE_INIT {0, 0, 0, 0, 0, 0, MOK_BF16, 0}
 
-/* The CUDA backend also needs H, I and I_s to be multiples of 64. */
+/* The CUDA backend also needs H, I and I_s to be multiples of 64. The CPU backend refuses, with
+ * MOK_ERR_OUT_OF_MEMORY, a workspace that with one saved of max_tokens would need more than the
+ * memory available now (MemAvailable, or a cgroup's limit): its pages are only committed when
+ * touched, so it would otherwise be made and the process killed in the middle of a call. */
 mok_status mok_workspace_create(mok_context *ctx, const mok_shape *shape, mok_workspace **out);
 void mok_workspace_destroy(mok_workspace *ws); /* accepts NULL */
 /* Bytes of workspace memory held (device memory for CUDA, host memory for the CPU). */

@@ -5,6 +5,7 @@
  * MOK_ERR_INVALID_ARG with a message and leaves its outputs untouched.
  */
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -201,6 +202,32 @@ static void workspace_after_destroy(void) {
 #endif
 }
 
+/* A CPU workspace that would not fit in the memory still available is refused when it is made,
+ * with a message saying what it needs and what there is (the kernel commits pages only when
+ * they are touched: it used to be made, and the OOM killer ended the process mid-forward). The
+ * shape asks for about 1.2 x MemAvailable, and nothing of it is allocated. */
+static void workspace_larger_than_memory(void) {
+  FILE *f = fopen("/proc/meminfo", "r");
+  unsigned long long kb = 0;
+  char line[256];
+  while (f && fgets(line, sizeof line, f)) sscanf(line, "MemAvailable: %llu kB", &kb);
+  if (f) fclose(f);
+  if (!kb) return; /* not Linux: nothing to compare with */
+  const double per_token = 26.0 * 65536; /* scratch of one token at H = 65536, k = 1 */
+  double t = 1.2 * (double)kb * 1024 / per_token;
+  mok_shape big = {t > (1 << 20) ? 1 << 20 : (int64_t)t + 1, 65536, 64, 0, 8, 1, MOK_BF16, 0};
+  mok_context_config cfg = MOK_CONTEXT_CONFIG_INIT;
+  mok_context *ctx = NULL;
+  CHECK_OK(mok_context_create(&cfg, &ctx));
+  mok_workspace *ws = (mok_workspace *)&cfg;
+  mok_status st = ctx ? mok_workspace_create(ctx, &big, &ws) : MOK_ERR_INTERNAL;
+  CHECK(st == MOK_ERR_OUT_OF_MEMORY && ws == NULL && strstr(mok_last_error(), "GB available"),
+        "max_tokens %lld at H 65536 with %.1f GB available: %s (%s)", (long long)big.max_tokens,
+        kb / 1e6, mok_status_name(st), mok_last_error());
+  if (st == MOK_OK) mok_workspace_destroy(ws);
+  mok_context_destroy(ctx);
+}
+
 /* mok_last_error() keeps a failed call's message only until a later call on the thread succeeds. */
 static void last_error_cleared_by_success(void) {
   harness h;
@@ -232,6 +259,7 @@ const test_case tests_misuse[] = {
     {"misuse/concurrent_forwards_one_workspace", concurrent_forwards},
     {"misuse/destroyed_handles_still_held", destroyed_handles_still_held},
     {"misuse/workspace_after_destroy", workspace_after_destroy},
+    {"misuse/workspace_larger_than_memory", workspace_larger_than_memory},
     {"misuse/last_error_cleared_by_success", last_error_cleared_by_success},
     {NULL, NULL},
 };

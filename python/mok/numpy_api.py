@@ -41,7 +41,10 @@ def _array(where, name, a):
     if not isinstance(a, np.ndarray):
         raise TypeError(f"{where}: {name} is a {type(a).__name__}; expected a numpy array")
     want = _DTYPES[name]
-    if name == "topk_ids" and a.dtype == np.int64:
+    if name == "topk_ids" and a.dtype == np.int64:  # int32 values only: astype would wrap them
+        if a.size and (a.min() < np.iinfo(np.int32).min or a.max() > np.iinfo(np.int32).max):
+            raise ValueError(f"{where}: topk_ids has values in {a.min()}..{a.max()}, outside "
+                             f"int32; expected expert ids 0..E-1")
         a = a.astype(np.int32)
     if a.dtype != want:
         hint = " of bf16 bits (mok.f32_to_bf16)" if want == np.uint16 else ""
@@ -127,6 +130,7 @@ class Layer:
 
     def schedule_counts(self, saved, tokens):
         """Routed rows per expert, from the schedule in `saved`."""
+        _check_saved("Layer.schedule_counts", self.ws, saved, int(tokens))
         return np.array(self.ws.schedule_counts(saved.ctypes.data, tokens), dtype=np.int32)
 
     def check(self):
@@ -213,16 +217,21 @@ def _backward(ws, where, dy, x, topk_ids, topk_weights, weights, saved, grad_mod
                     gi.fill(0)
         return Grads(dx, dtw, *g)
     ws = _workspace(ws, where, dims, t, precision)
-    if not isinstance(saved, np.ndarray) or saved.dtype != np.uint8:
-        raise TypeError(f"{where}: saved must be the uint8 array forward returned")
-    if saved.nbytes < ws.saved_bytes(t):
-        raise ValueError(f"{where}: saved has {saved.nbytes} bytes; a call of {t} tokens needs "
-                         f"{ws.saved_bytes(t)} (pass the buffer forward returned)")
+    _check_saved(where, ws, saved, t)
     w, _fp8 = _weight_ptrs(ws, a)
     ws.backward(t, _addr(a["x"]), _addr(a["topk_ids"]), _addr(a["topk_weights"]), w,
                 saved.ctypes.data, _addr(a["dy"]), dx.ctypes.data, dtw.ctypes.data,
                 [_addr(gi) for gi in g], grad_mode)
     return Grads(dx, dtw, *g)
+
+
+def _check_saved(where, ws, saved, t):
+    """saved is a buffer a call of t tokens fills: mok reads up to ws.saved_bytes(t) of it."""
+    if not isinstance(saved, np.ndarray) or saved.dtype != np.uint8:
+        raise TypeError(f"{where}: saved must be the uint8 array forward returned")
+    if saved.nbytes < ws.saved_bytes(t):
+        raise ValueError(f"{where}: saved has {saved.nbytes} bytes; a call of {t} tokens needs "
+                         f"{ws.saved_bytes(t)} (pass the buffer forward returned)")
 
 
 def _host_only(backend):

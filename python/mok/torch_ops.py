@@ -504,8 +504,8 @@ def moe(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate=None, ws_up=Non
         if not isinstance(t, Tensor) and not (t is None and name.startswith("ws_")):
             raise TypeError(f"mok.moe: {name} is a {type(t).__name__}; expected a torch.Tensor")
     _precision("mok.moe", precision)
-    if topk_ids.dtype == torch.int64:
-        topk_ids = topk_ids.to(torch.int32)
+    if topk_ids.dtype == torch.int64:  # outside int32 clamped to ids mok refuses, not wrapped
+        topk_ids = topk_ids.clamp(-1, torch.iinfo(torch.int32).max).to(torch.int32)
     if topk_weights.dtype == torch.bfloat16:  # its gradient comes back as bf16 through the cast
         topk_weights = topk_weights.float()
     elif topk_weights.dtype != torch.float32:

@@ -134,6 +134,30 @@ def test_int64_ids_and_schedule_counts():
     assert np.array_equal(layer.schedule_counts(saved, 40), want)
 
 
+def test_int64_ids_outside_int32_refused():
+    """int64 ids are not wrapped into int32: 2^32 + 2 would have become expert 2."""
+    L = make_layer(40, 64, 64, 8, 2, 0, seed=5)
+    for bad in (2 ** 32 + 2, -(2 ** 32) + 1, 2 ** 31):
+        ids = L["topk_ids"].astype(np.int64)
+        ids[3, 1] = bad
+        with pytest.raises(ValueError, match="topk_ids has values in"):
+            mok.forward(*inputs(dict(L, topk_ids=ids)))
+
+
+def test_schedule_counts_refuses_a_small_or_foreign_saved():
+    """A saved smaller than a call of `tokens` needs is refused before mok reads it; a saved of
+    another layer shape is refused by mok (its header)."""
+    L = make_layer(40, 64, 64, 8, 2, 0, seed=5)
+    layer = mok.Layer(64, 64, 8, 2, max_tokens=64)
+    _, saved = layer.forward(*inputs(L))
+    with pytest.raises(ValueError, match="saved has 256 bytes"):
+        layer.schedule_counts(saved[:256], 40)
+    other = mok.Layer(128, 64, 8, 2, max_tokens=64)
+    _, other_saved = other.forward(*inputs(make_layer(40, 128, 64, 8, 2, 0, seed=6)))
+    with pytest.raises(mok.MokInvalidArgument, match="not filled by a call on this workspace"):
+        layer.schedule_counts(other_saved, 40)
+
+
 def test_recompute_gives_the_same_saved():
     L = make_layer(33, 64, 64, 4, 2, 64, seed=6)
     layer = mok.Layer(64, 64, 4, 2, shared_inter=64, max_tokens=33)

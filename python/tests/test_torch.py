@@ -104,6 +104,20 @@ def test_int64_ids_and_repeatable_bits(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_int64_ids_outside_int32_refused(device):
+    """int64 ids are not wrapped into int32 (2^32 + 2 would have become expert 2): values outside
+    int32 reach mok as ids it refuses, with no host synchronisation."""
+    ten, _ = make(48, 64, 64, 8, 2, 64, device, seed=1)
+    for bad in (2 ** 32 + 2, -(2 ** 32) + 1):
+        ids = ten["topk_ids"].long()
+        ids[3, 1] = bad
+        with pytest.raises((ValueError, mok.MokExpertIdError)):
+            y = mok.moe(**dict(ten, topk_ids=ids))
+            if y.is_cuda:
+                mok.check(y.device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_undefined_dy_gives_no_gradients(device):
     """A y whose gradient is undefined (not zeros) reaches backward as None, and every input's
     gradient is None: autograd does not materialise zeros for y (the same switch keeps it from

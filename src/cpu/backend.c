@@ -6,6 +6,8 @@
  * layer.c strings them together.
  */
 #include <omp.h>
+#include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -14,6 +16,27 @@
 static mok_status cpu_context_init(mok_context *ctx) {
   (void)ctx;
   return MOK_OK;
+}
+
+/* Bytes of memory this process may still take: MemAvailable, or less under a cgroup (v2)
+ * limit; SIZE_MAX when neither can be read. */
+static size_t host_available(void) {
+  size_t avail = SIZE_MAX;
+  unsigned long long kb, max, cur;
+  char line[256];
+  FILE *f = fopen("/proc/meminfo", "r");
+  if (f) {
+    while (fgets(line, sizeof line, f))
+      if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) avail = (size_t)kb * 1024;
+    fclose(f);
+  }
+  FILE *m = fopen("/sys/fs/cgroup/memory.max", "r"), *c = fopen("/sys/fs/cgroup/memory.current", "r");
+  if (m && c && fscanf(m, "%llu", &max) == 1 && fscanf(c, "%llu", &cur) == 1 && max > cur &&
+      max - cur < avail)
+    avail = (size_t)(max - cur); /* "max" (no limit) does not scan */
+  if (m) fclose(m);
+  if (c) fclose(c);
+  return avail;
 }
 
 static mok_status cpu_workspace_init(mok_workspace *ws) {
@@ -54,6 +77,17 @@ static mok_status cpu_workspace_init(mok_workspace *ws) {
   size_t o_thr = mok_take(&c, (st->threads * st->per_thread_len) * (int64_t)sizeof(float));
   size_t o_cur = mok_take(&c, (ws->experts_local) * (int64_t)sizeof(int32_t));
 
+  /* Refused here rather than allocated: the kernel commits pages only as they are touched, so
+   * a workspace larger than the machine used to be made, then the OOM killer ended the process
+   * in the middle of a forward. A saved of max_tokens, which the caller needs too, counts. */
+  const size_t need = c + mok_saved_layout_of(ws, T).bytes, avail = host_available();
+  if (need > avail) {
+    free(st);
+    return mok_fail(MOK_ERR_OUT_OF_MEMORY,
+                    "CPU workspace: %zu bytes of scratch and %zu of a saved for max_tokens "
+                    "(%lld) need %.1f GB; the machine has %.1f GB available; expected a smaller "
+                    "max_tokens or shape", c, need - c, (long long)T, need / 1e9, avail / 1e9);
+  }
   char *b = aligned_alloc(MOK_ALIGN, c);
   if (!b) {
     free(st);
