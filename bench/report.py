@@ -4,22 +4,39 @@ import json
 from pathlib import Path
 
 BASELINE_PREFIX = "torch "
+FP8 = "fp8 "  # FP8 rows: "fp8 mok", "fp8 torch ..."; compared with FP8 baselines and ceiling
 
 
-def add_ratios(results, ceiling_tflops):
+def _same_call(a, b):
+    return a["shape"] == b["shape"] and a.get("fwd_ms") and a.get("tokens") == b.get(
+        "tokens") and a.get("device") == b.get("device")
+
+
+def add_ratios(results, ceiling):
     """vs_best_*: best baseline ms / this ms at the same shape (> 1: faster than every baseline);
-    of_ceiling_*: TFLOP/s / the dense GEMM's. CPU-fallback rows (other token count) get none."""
+    of_ceiling_*: TFLOP/s / the dense GEMM's (ceiling: run.py's dict, None off the GPU). FP8 rows
+    are measured against the FP8 baselines ("fp8 torch ...") and the FP8 GEMM, and "fp8 mok"
+    also against mok's BF16 row: vs_mok_bf16_* (fwd, bwd and step, fwd+bwd). CPU-fallback rows
+    (other token count) get none."""
     for r in results:
-        ok = [b for b in results if b["shape"] == r["shape"] and b["impl"].startswith(
-            BASELINE_PREFIX) and b.get("fwd_ms") and b.get("tokens") == r.get("tokens") and
-            b.get("device") == r.get("device")]
+        fp8 = r["impl"].startswith(FP8)
+        prefix = FP8 + BASELINE_PREFIX if fp8 else BASELINE_PREFIX
+        top = ((ceiling or {}).get("fp8") or {}) if fp8 else (ceiling or {})
+        ok = [b for b in results if b["impl"].startswith(prefix) and _same_call(b, r)]
         for d in ("fwd", "bwd"):
             ms = r.get(f"{d}_ms")
             best = min((b[f"{d}_ms"] for b in ok), default=None)
             r[f"vs_best_{d}"] = best / ms if ms and best else None
             tf = r.get(f"{d}_tflops")
-            r[f"of_ceiling_{d}"] = tf / ceiling_tflops if tf and ceiling_tflops and \
+            r[f"of_ceiling_{d}"] = tf / top["tflops"] if tf and top.get("tflops") and \
                 r.get("device") == "cuda" else None
+        if r["impl"].startswith(FP8 + "mok") and r.get("fwd_ms"):
+            bf = next((b for b in results if b["impl"] == r["impl"][len(FP8):] and
+                       _same_call(b, r)), None)
+            for d, key in (("fwd", ("fwd_ms",)), ("bwd", ("bwd_ms",)),
+                           ("step", ("fwd_ms", "bwd_ms"))):
+                r[f"vs_mok_bf16_{d}"] = sum(bf[k] for k in key) / sum(r[k] for k in key) \
+                    if bf else None
 
 
 def _f(v, fmt):
@@ -82,7 +99,31 @@ def markdown(meta, ceiling, check, results):
             f"{_f(peak, '.2f')} | {'yes' if r['bits_equal'] else 'NO'} | "
             f"{_mhz_w(r.get('fwd_mhz'), r.get('fwd_watts'))} | "
             f"{_mhz_w(r.get('bwd_mhz'), r.get('bwd_watts'))} |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + _fp8_table(ceiling, results)) + "\n"
+
+
+def _fp8_table(ceiling, results):
+    """The FP8 rows' ratios (issue 38's bar): fp8 mok against mok's BF16 layer and against the
+    FP8 PyTorch layer, and its share of the FP8 GEMM ceiling."""
+    rows = [r for r in results if r["impl"].startswith(FP8 + "mok") and r.get("fwd_ms")]
+    if not rows:
+        return []
+    c = ceiling.get("fp8") or {}
+    lines = ["", f"FP8 (DESIGN.md §8): fp8 mok against mok BF16 (its ms / fp8 mok's: > 1 is "
+                 f"faster; step = fwd+bwd), against the best FP8 PyTorch layer, and of the dense "
+                 f"FP8 GEMM ceiling"
+             + (f" ({c['n']}³ at {c['tflops']:.0f} TFLOP/s, {c['reps']} in a row{_gpu(c)})"
+                if c.get("tflops") else "") + ".", "",
+             "| shape | impl | vs bf16 fwd | vs bf16 bwd | vs bf16 step | vs fp8 torch fwd | "
+             "vs fp8 torch bwd | fp8 ceil fwd | fp8 ceil bwd |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r['shape']} | {r['impl']} | {_f(r.get('vs_mok_bf16_fwd'), '.2f')} | "
+                     f"{_f(r.get('vs_mok_bf16_bwd'), '.2f')} | "
+                     f"{_f(r.get('vs_mok_bf16_step'), '.2f')} | "
+                     f"{_f(r.get('vs_best_fwd'), '.2f')} | {_f(r.get('vs_best_bwd'), '.2f')} | "
+                     f"{_pct(r.get('of_ceiling_fwd'))} | {_pct(r.get('of_ceiling_bwd'))} |")
+    return lines
 
 
 def chart(path, ceiling, results):

@@ -1,15 +1,19 @@
 """run.py: the benchmark of DESIGN.md §7 in one process: for every shape, mok (CUDA backend; the
 CPU backend at a reduced token count, labelled, if the CUDA backend says MOK_ERR_UNSUPPORTED),
 the torch._grouped_mm layer in default and in deterministic mode, a per-expert loop of matmuls,
-and the dense bf16 GEMM ceiling. Writes bench.json, bench.md and bench.png under --out and prints
-the table last.
+and the dense bf16 GEMM ceiling. With --precision fp8 (DESIGN.md §8), in the same run: mok's FP8
+layer, PyTorch's FP8 layer (bench/fp8.py: torch._scaled_grouped_mm with row-wise scales; its
+weight gradients BF16) and the dense FP8 GEMM ceiling, beside the BF16 rows. Writes bench.json,
+bench.md and bench.png under --out and prints the table last.
 
     python3 bench/run.py --out results/          # the full run (aimed at a few minutes on an
                                                  # H200; no new shape starts after --deadline)
     python3 bench/run.py --smoke --out /tmp/r    # tiny shapes: checks the harness, GPU or CPU
+    python3 bench/run.py --precision fp8 --out results/
 """
 import argparse
 import datetime
+import functools
 import gc
 import os
 import platform
@@ -29,6 +33,7 @@ sys.path[:0] = [str(HERE), str(HERE.parent / "python")]
 
 import torch  # noqa: E402
 
+import fp8  # noqa: E402
 import layers  # noqa: E402
 import report  # noqa: E402
 from measure import fwd_bwd, measure, dense_gemm_tflops  # noqa: E402
@@ -64,25 +69,34 @@ def _rel(a, b):
     return (a - b).norm().item() / d if d else (a - b).norm().item()
 
 
-def check_baselines(device, mok_fn, gmm_reason):
+# FP8 layers against the float32 reference: e4m3's 3 mantissa bits cost about 6.5 % (relative
+# L2) on these Gaussian inputs (tests/test_fp8_layer.c says why); 0.10 is the tests' bound.
+FP8_TOL = 0.10
+
+
+def check_baselines(device, mok_fn, gmm_reason, fp8_fns=None):
     """At a small shape, every implementation against the float32 reference and the grouped_mm
-    layer against the loop: the largest relative error over y and all gradients."""
+    layer against the loop: the largest relative error over y and all gradients. fp8_fns: the
+    FP8 implementations by name, held to FP8_TOL."""
     s = Shape("check", 512, 256, 128, 8, 2, 128)
     ins, dy = layers.make_inputs(s, device, seed=7)
     yr, gr = fwd_bwd(layers.reference_moe, ins, dy)
     outs = {"loop": fwd_bwd(layers.loop_moe, ins, dy)}
     if gmm_reason is None:
         outs["grouped_mm"] = fwd_bwd(layers.grouped_mm_moe, ins, dy)
-    if mok_fn is not None:
+    for name, fn in [("mok", mok_fn), *(fp8_fns or {}).items()]:
+        if fn is None:
+            continue
         try:
-            outs["mok"] = fwd_bwd(mok_fn, ins, dy)
+            outs[name] = fwd_bwd(fn, ins, dy)
         except Exception as e:  # noqa: BLE001 - reported, the bench goes on
-            log(f"check: mok failed: {type(e).__name__}: {e}")
+            log(f"check: {name} failed: {type(e).__name__}: {e}")
     err = lambda o, r: max(_rel(a, b) for a, b in zip((o[0], *o[1]), (r[0], *r[1])))
     res = {f"{n}_vs_reference": err(o, (yr, gr)) for n, o in outs.items()}
     if "grouped_mm" in outs:
         res["grouped_mm_vs_loop"] = err(outs["grouped_mm"], outs["loop"])
-    bad = [k for k, v in res.items() if v > (1e-2 if k.endswith("loop") else 2e-2)]
+    tol = lambda k: 1e-2 if k.endswith("loop") else FP8_TOL if k.startswith("fp8") else 2e-2
+    bad = [k for k, v in res.items() if v > tol(k)]
     res["summary"] = ("FAILED: " + ", ".join(bad) if bad else "OK") + " (" + ", ".join(
         f"{k} {v:.1e}" for k, v in res.items()) + ")"
     return res
@@ -121,26 +135,29 @@ def run_impl(name, fn, shape, ins, dy, args, ctx=None, note=None):
     return row
 
 
-def run_mok(mok, shape, ins, dy, args):
+def run_mok(mok, shape, ins, dy, args, precision="bf16"):
     """mok on the inputs' device; on MOK_ERR_UNSUPPORTED from the CUDA backend, the CPU backend
-    at a token count that keeps it to about --cpu-flops per forward."""
+    at a token count that keeps it to about --cpu-flops per forward. Rows of precision fp8 are
+    called "fp8 mok"."""
+    name = "mok" if precision == "bf16" else f"{precision} mok"
     if mok is None:
-        return dict(shape=shape.name, impl="mok", tokens=shape.T, status=f"error: {MOK_ERR}")
+        return dict(shape=shape.name, impl=name, tokens=shape.T, status=f"error: {MOK_ERR}")
+    moe = functools.partial(mok.moe, precision=precision)
     note = "no GPU"
     if ins["x"].is_cuda:
         try:
             with torch.no_grad():  # the CUDA backend may not do this shape (or anything) yet
-                mok.moe(**ins)
+                moe(**ins)
         except mok.MokUnsupported as e:
             note = f"CUDA backend: {e.message}"
             log(f"{shape.name:14s} mok: {note}; CPU backend at reduced scale")
         except Exception as e:  # noqa: BLE001 - a row, not a crash
-            log(f"{shape.name:14s} mok: {_status(e)}")
+            log(f"{shape.name:14s} {name}: {_status(e)}")
             mok.clear_cache()
-            return dict(shape=shape.name, impl="mok", tokens=shape.T, device="cuda",
+            return dict(shape=shape.name, impl=name, tokens=shape.T, device="cuda",
                         status=_status(e))
         else:
-            row = run_impl("mok", mok.moe, shape, ins, dy, args)
+            row = run_impl(name, moe, shape, ins, dy, args)
             if row["status"] == "ok":  # the workspace is cudaMalloc'ed: not in torch's peak
                 row["workspace_bytes"] = sum(w.bytes for w in mok.core.cached_workspaces("cuda"))
                 row["peak_bytes_torch"] = row["peak_bytes"]
@@ -156,7 +173,7 @@ def run_mok(mok, shape, ins, dy, args):
         cpu[n] = v
     cargs = argparse.Namespace(**{**vars(args), "min_reps": 2, "max_reps": 5, "warmup": 1,
                                   "budget": args.cpu_budget})
-    row = run_impl("mok (CPU backend, reduced T)", mok.moe, shape, cpu, dy[:t].cpu(), cargs,
+    row = run_impl(f"{name} (CPU backend, reduced T)", moe, shape, cpu, dy[:t].cpu(), cargs,
                    note=f"{note}; CPU backend with T={t} of {shape.T} tokens")
     mok.clear_cache()
     return row
@@ -182,6 +199,8 @@ def main():
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--deadline", type=float, default=420,
                    help="seconds after which the remaining shapes are skipped")
+    p.add_argument("--precision", choices=("bf16", "fp8"), default="bf16",
+                   help="fp8: also mok's FP8 layer, PyTorch's FP8 layer and the FP8 ceiling")
     args = p.parse_args()
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -220,12 +239,28 @@ def main():
     log(f"ceiling: dense bf16 GEMM {n}^3 {ceiling['tflops']:.0f} TFLOP/s "
         f"({ceiling['reps']} in a row), {ceiling['sustained']['tflops']:.0f} TFLOP/s over "
         f"{ceiling['sustained']['reps']}")
+    with_fp8 = args.precision == "fp8"
+    fp8_fns = {}
+    if with_fp8:
+        ceiling["fp8"] = fp8.fp8_gemm_tflops(device, n=n if device == "cuda" else 128)
+        log(f"ceiling: dense fp8 GEMM (torch._scaled_mm) {ceiling['fp8']['n']}^3 "
+            f"{ceiling['fp8']['tflops']:.0f} TFLOP/s ({ceiling['fp8']['reps']} in a row)")
+        meta["notes"].append(
+            "fp8 torch: torch._scaled_grouped_mm (torch._scaled_mm for the shared expert) with "
+            "row-wise scales for the forward products and the dgrads; the weight gradients are "
+            "BF16 (torch._grouped_mm), torch having no FP8 form of them for this layer on sm_90")
+        loop = fp8.use(device)
+        if loop:
+            meta["notes"].append(f"fp8 torch ran a loop of torch._scaled_mm per expert: {loop}")
+            log(loop.splitlines()[0][:160])
+        fp8_fns = {"fp8 torch": fp8.fp8_grouped_mm_moe,
+                   "fp8 mok": functools.partial(mok.moe, precision="fp8") if mok else None}
     gmm_reason = layers.grouped_mm_available(device)
     if gmm_reason:
         meta["notes"].append(f"grouped_mm baselines ran the loop instead: {gmm_reason}")
         log(gmm_reason)
     grouped = layers.loop_moe if gmm_reason else layers.grouped_mm_moe
-    check = check_baselines(device, mok.moe if mok else None, gmm_reason)
+    check = check_baselines(device, mok.moe if mok else None, gmm_reason, fp8_fns)
     log(f"baseline check: {check['summary']}")
 
     results = []
@@ -243,14 +278,19 @@ def main():
                                 ctx=deterministic()))
         if not args.no_loop:
             results.append(run_impl("torch loop", layers.loop_moe, s, ins, dy, args))
+        if with_fp8:
+            results.append(run_mok(mok, s, ins, dy, args, precision="fp8"))
+            results.append(run_impl("fp8 torch scaled_grouped_mm", fp8.fp8_grouped_mm_moe, s,
+                                    ins, dy, args))
+            fp8.forget()
         del ins, dy
         gc.collect()
         if device == "cuda":
             torch.cuda.empty_cache()
-        report.add_ratios(results, ceiling["tflops"] if device == "cuda" else None)
+        report.add_ratios(results, ceiling if device == "cuda" else None)
         report.write(args.out, meta, ceiling, check, results, draw=False)  # if killed later
 
-    report.add_ratios(results, ceiling["tflops"] if device == "cuda" else None)
+    report.add_ratios(results, ceiling if device == "cuda" else None)
     md = report.write(args.out, meta, ceiling, check, results)
     log(f"wrote {Path(args.out) / 'bench.json'}, bench.md, bench.png")
     print()

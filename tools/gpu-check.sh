@@ -2,10 +2,15 @@
 # gpu-check.sh: the one command for the device (make gpu-check). Builds everything, runs the GPU
 # tests, the Python tests (torch, CUDA) and the benchmark, writes full logs under $OUT (or
 # results/ when $OUT is unset) and prints a short summary last; exit status 1 if a step failed.
-# Usage: tools/gpu-check.sh [tests|bench|all|sanitize|train|fp8|ep|ep-tests|ep-bench]  (default all)
+# Usage: tools/gpu-check.sh [tests|bench|all|sanitize|train|fp8|bench-fp8|ep|ep-tests|ep-bench]
+#        (default all)
 #   fp8: the FP8 layer's GPU tests (test_gpu fp8), then `mok bench` of each shape at bf16 and at
 #       fp8, one process each, and tools/fp8_table.py's table of the two (SHAPES: the shapes,
 #       default all six; FP8_ARGS: more options for mok bench).
+#   bench-fp8: bench/run.py --precision fp8 (issue 38's bar): mok's FP8 and BF16 layers,
+#       PyTorch's FP8 layer (torch._scaled_grouped_mm, its weight gradients BF16) and the BF16
+#       baselines, with the BF16 and FP8 GEMM ceilings, in one run (no per-expert loop); not in
+#       all.
 #   train: the router and the model of issue 39. examples/check_training.py: a ~60M-parameter
 #       MoE transformer trained 300 steps on the Python standard library's source, twice with mok
 #       and once with the PyTorch MoE; fails unless the two mok loss curves are bit-identical and
@@ -27,8 +32,8 @@
 set -uo pipefail
 what=${1:-all}
 case "$what" in
-  tests | bench | all | sanitize | train | fp8 | ep | ep-tests | ep-bench) ;;
-  *) echo "usage: tools/gpu-check.sh [tests|bench|all|sanitize|train|fp8|ep|ep-tests|ep-bench]" >&2
+  tests | bench | all | sanitize | train | fp8 | bench-fp8 | ep | ep-tests | ep-bench) ;;
+  *) echo "usage: tools/gpu-check.sh [tests|bench|all|sanitize|train|fp8|bench-fp8|ep|ep-tests|ep-bench]" >&2
      exit 2 ;;
 esac
 out=${OUT:-results}
@@ -75,6 +80,9 @@ if [ "$what" = tests ] || [ "$what" = all ]; then
 fi
 if [ "$what" = bench ] || [ "$what" = all ]; then
   step bench 480 python3 bench/run.py --out "$out"
+fi
+if [ "$what" = bench-fp8 ]; then
+  step bench-fp8 540 python3 bench/run.py --precision fp8 --no-loop --out "$out"
 fi
 if [ "$what" = train ]; then
   step train 400 python3 examples/check_training.py --out "$out/train"

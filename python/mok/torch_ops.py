@@ -124,10 +124,13 @@ def _precision(where, precision):
 
 # ---- FP8 weight copies --------------------------------------------------------------------------
 class _FP8Copy:
-    """An FP8 weight buffer (a uint8 tensor with room to align it) and what it was made from."""
+    """An FP8 weight buffer (a uint8 tensor with room to align it) and what it was made from; the
+    buffer is let go as soon as one of those weights is freed."""
 
     def __init__(self, weights, buf):
-        self.refs = [None if w is None else weakref.ref(w) for w in weights]
+        def release(_ref, copy=self):
+            copy.buf = None
+        self.refs = [None if w is None else weakref.ref(w, release) for w in weights]
         self.stamp, self.buf = None, buf
 
     def made_from(self, weights):
@@ -135,7 +138,7 @@ class _FP8Copy:
                    for r, w in zip(self.refs, weights))
 
     def alive(self):
-        return all(r is None or r() is not None for r in self.refs)
+        return self.buf is not None and all(r is None or r() is not None for r in self.refs)
 
 
 _fp8_lock = threading.Lock()
@@ -152,7 +155,9 @@ def _fp8_weights(ws, weights, dev, stream):
     quantized anew unless the copy made from these very tensors is still current."""
     key, stamp = (ws.dims, ws.backend, ws.ctx.device), _stamp(weights)
     with _fp8_lock:
-        copies = [c for c in _fp8_copies.get(key, []) if c.alive()]
+        for k in list(_fp8_copies):  # those whose weights are gone
+            _fp8_copies[k] = [c for c in _fp8_copies[k] if c.alive()]
+        copies = _fp8_copies.get(key, [])
         copy = next((c for c in copies if c.made_from(weights)), None)
         if copy is None:
             n = ws.fp8_weights_bytes() + SAVED_ALIGN - 1

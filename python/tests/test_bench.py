@@ -38,6 +38,29 @@ def test_bench_smoke(tmp_path):
     assert "| shape | impl |" in (out / "bench.md").read_text()
 
 
+def test_bench_smoke_fp8(tmp_path):
+    """--precision fp8: mok's FP8 layer and PyTorch's (off the GPU a loop of torch._scaled_mm per
+    expert) beside the BF16 rows, checked against the reference, with the FP8 ceiling and the
+    FP8 table."""
+    pytest.importorskip("torch")
+    out = tmp_path / "r"
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "run.py"), "--smoke", "--shapes",
+                           "smoke-routed", "--no-loop", "--precision", "fp8", "--out", str(out),
+                           "--budget", "0.05", "--min-reps", "2", "--max-reps", "2",
+                           "--cpu-budget", "0.05"],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    res = json.loads((out / "bench.json").read_text())
+    check = res["check"]
+    assert check["summary"].startswith("OK") and "fp8 mok_vs_reference" in check, check
+    assert 0.01 < check["fp8 torch_vs_reference"] < 0.10, check
+    rows = {r["impl"].split(" (")[0]: r for r in res["results"]}
+    assert {"mok", "fp8 mok", "fp8 torch scaled_grouped_mm"} <= set(rows), rows.keys()
+    assert all(r["status"] == "ok" for r in res["results"]), res["results"]
+    assert rows["fp8 mok"]["vs_mok_bf16_step"] > 0 and res["ceiling"]["fp8"]["tflops"] > 0
+    assert "| shape | impl | vs bf16 fwd |" in (out / "bench.md").read_text()
+
+
 def test_router_bench_smoke(tmp_path):
     """bench/router.py on the tiny shapes: every implementation timed, mok's bits repeat."""
     pytest.importorskip("torch")
