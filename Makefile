@@ -32,10 +32,17 @@ version_part = $(shell sed -n 's/^\#define MOK_VERSION_$(1) \([0-9]*\)$$/\1/p' i
 VERSION := $(call version_part,MAJOR).$(call version_part,MINOR).$(call version_part,PATCH)
 SONAME  := libmok.so.$(if $(filter 0,$(call version_part,MAJOR)),0.$(call version_part,MINOR),$(call version_part,MAJOR))
 
+# SANITIZE=1 (make asan): every object and binary built with AddressSanitizer and
+# UndefinedBehaviorSanitizer, the first error of either ending the run.
+SANITIZE ?= 0
+ifeq ($(SANITIZE),1)
+SAN_FLAGS := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
+endif
+
 WARN    := -Wall -Wextra -Werror
 DEPS    := -MMD -MP # each object's header dependencies, in its .d beside it
-CFLAGS  := -std=c11 -O2 -g -fPIC -fopenmp $(WARN) $(DEPS) -Iinclude -Isrc -D_GNU_SOURCE
-LDLIBS  := -lrt -ldl -lpthread -lm -fopenmp
+CFLAGS  := -std=c11 -O2 -g -fPIC -fopenmp $(SAN_FLAGS) $(WARN) $(DEPS) -Iinclude -Isrc -D_GNU_SOURCE
+LDLIBS  := -lrt -ldl -lpthread -lm -fopenmp $(SAN_FLAGS)
 
 ifeq ($(WITH_CUDA),1)
 # The toolkit nvcc itself uses (its TOP), so that a wrapper script such as /usr/local/bin/nvcc
@@ -195,6 +202,14 @@ endif
 test-no-cuda: all $(BUILD)/test_mok
 	./tests/no-cuda.sh $(BUILD)
 
+# The C tests under AddressSanitizer and UndefinedBehaviorSanitizer, on a CPU-only build of
+# their own (build/asan): a bad read or write, a leak or undefined behaviour fails them. CI runs
+# it (.ci/run).
+asan:
+	$(MAKE) --no-print-directory WITH_CUDA=0 SANITIZE=1 BUILD=$(BUILD)/asan $(BUILD)/asan/test_mok
+	ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1 \
+	  ./$(BUILD)/asan/test_mok
+
 # DESTDIR stages the install elsewhere (for packaging); mok.pc gets the final paths.
 install: all
 	install -d $(DESTDIR)$(INCLUDEDIR) $(DESTDIR)$(LIBDIR) $(DESTDIR)$(BINDIR) \
@@ -225,4 +240,4 @@ clean:
 
 -include $(ALL_OBJ:.o=.d)
 
-.PHONY: all test test-no-cuda install uninstall gpu-check bench clean
+.PHONY: all test test-no-cuda asan install uninstall gpu-check bench clean
