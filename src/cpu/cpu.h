@@ -15,7 +15,10 @@
 #include "internal.h"
 
 /* Scratch of one workspace, sized once for max_tokens by workspace_init (backend.c).
- * Letters: T = max_tokens, R = rows_cap of a max_tokens call, I_m = max(I, I_s). */
+ * Letters: T = max_tokens, R = rows_cap of a max_tokens call, I_m = max(I, I_s).
+ * MOK_FP8 (DESIGN §8): the forward's xr holds the tokens' Q_row (sym_q) instead of x, the shared
+ * expert reads sym_q instead of xf, and the weight gradients replace xr, dyr, hwf, dguf, xf, dyf,
+ * hsf and dgusf by their Q_col in place (wgrad.c); the panels hold the FP8 weights decoded. */
 typedef struct cpu_state {
   int threads;        /* team size of every parallel region */
   int32_t sticky;     /* device-error bits raised since the last check (MOK_DEVERR_*) */
