@@ -8,7 +8,9 @@ the bytes of the Python standard library's own source files, with mok or with pl
 The model: byte embeddings (vocabulary 256) and learned positions, `layers` blocks of RMSNorm,
 causal attention (torch's scaled_dot_product_attention, math backend: deterministic), RMSNorm and an
 MoE (router, top-k of `experts` SwiGLU experts, optional shared expert), then an untied output
-layer. All weights are bf16; AdamW steps fp32 master copies and writes them back as bf16.
+layer. All weights are bf16; AdamW steps fp32 master copies and writes them back as bf16. Every
+op is one whose bits repeat (matmuls, reductions, the math attention; the embedding and the loss
+through one-hot matrices rather than index and gather, whose backwards scatter-add).
 
 --moe mok:   mok.MoELayer(..., router=mok.Router(...)): mok's router and layer, one autograd node.
 --moe torch: the same math in PyTorch: bench/layers.py's torch_router (fp32 logits, softmax,
@@ -178,7 +180,7 @@ class Model(torch.nn.Module):
     def __init__(self, cfg, kind, precision):
         super().__init__()
         d = cfg["dim"]
-        self.emb = torch.nn.Embedding(256, d, dtype=torch.bfloat16)
+        self.emb = torch.nn.Parameter(torch.empty(256, d, dtype=torch.bfloat16))
         self.pos = torch.nn.Parameter(torch.empty(cfg["seq"], d, dtype=torch.bfloat16))
         self.blocks = torch.nn.ModuleList(
             Block(cfg, make_moe(kind, precision, d, cfg["inter"], cfg["experts"], cfg["top_k"],
@@ -187,7 +189,8 @@ class Model(torch.nn.Module):
         self.head = torch.nn.Linear(d, 256, bias=False, dtype=torch.bfloat16)
 
     def forward(self, idx):
-        x = self.emb(idx) + self.pos[: idx.shape[1]]
+        # One-hot rows times the table: a matmul each way (an index's backward would scatter-add).
+        x = F.one_hot(idx, 256).to(self.emb.dtype) @ self.emb + self.pos[: idx.shape[1]]
         for blk in self.blocks:
             x = blk(x)
         return self.head(self.norm(x)).float()
@@ -209,7 +212,7 @@ def init_weights(model, seed):
         std = fan_in ** -0.5
         if name.endswith(("proj.weight", "w_down", "ws_down")):
             std /= math.sqrt(2 * depth)
-        if name in ("emb.weight", "pos"):
+        if name in ("emb", "pos"):
             std = 0.02
         p.copy_((torch.randn(p.shape, generator=g) * std).to(p.dtype))
 
@@ -243,6 +246,13 @@ def lr_at(step, steps, lr, warmup):
     return lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * t)))
 
 
+def xent(logits, y):
+    """Mean cross-entropy in nats per byte, through a one-hot mask: reductions only (no gather,
+    whose backward would scatter)."""
+    logp = logits.reshape(-1, 256).log_softmax(-1)
+    return -(logp * F.one_hot(y.reshape(-1), 256)).sum(-1).mean()
+
+
 def sync(device):
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -250,7 +260,7 @@ def sync(device):
 
 @torch.no_grad()
 def held_out_loss(model, batches):
-    losses = [F.cross_entropy(model(x).view(-1, 256), y.reshape(-1)) for x, y in batches]
+    losses = [xent(model(x), y) for x, y in batches]
     return torch.stack(losses).mean().item()
 
 
@@ -312,7 +322,7 @@ def _train(args, log):
         x, y = batches.next()
         sync(device)
         t0 = time.perf_counter()
-        loss = F.cross_entropy(model(x).view(-1, 256), y.reshape(-1))
+        loss = xent(model(x), y)
         aux = sum(m.aux_loss for m in model.moes()) / cfg["layers"]
         z = sum(m.z_loss for m in model.moes()) / cfg["layers"]
         (loss + args.aux_coef * aux + args.z_coef * z).backward()

@@ -166,8 +166,8 @@ def route(x, w_router, top_k, bias=None, *, scoring="softmax", n_group=0, topk_g
 
 class Router(torch.nn.Module):
     """The router's weight W_r [E, H] (bf16, N(0, 1/H)) and options; forward(x) -> RouterOutput.
-    With bias=True it keeps an fp32 [E] buffer `bias` (zeros) for auxiliary-loss-free balancing:
-    the caller updates it from the counts (e.g. bias += rate * sign(mean(counts) - counts))."""
+    With bias=True it keeps an fp32 [E] buffer `bias` (zeros) for auxiliary-loss-free balancing,
+    which update_bias moves after each step."""
 
     def __init__(self, hidden, experts, top_k, *, scoring="softmax", n_group=0, topk_group=0,
                  renormalize=False, scale=1.0, bias=False, device=None, dtype=torch.bfloat16):
@@ -189,6 +189,17 @@ class Router(torch.nn.Module):
     @torch.no_grad()
     def reset_parameters(self, generator=None):
         self.weight.normal_(0.0, self.hidden ** -0.5, generator=generator)
+
+    @torch.no_grad()
+    def update_bias(self, counts, rate=1e-3):
+        """DeepSeek-V3's auxiliary-loss-free balancing: bias += rate * sign(mean(counts) - counts)
+        (experts that took more than their share become less likely, and the other way round).
+        `counts`: the forward's (summed over the steps' micro-batches or ranks as the caller
+        likes). On the device, no host sync."""
+        if self.bias is None:
+            raise ValueError("Router.update_bias: this router was made without bias=True")
+        c = counts.to(self.bias.device, torch.float32)
+        self.bias.add_(torch.sign(c.mean() - c), alpha=rate)
 
     def options(self):
         return dict(scoring=self.scoring, n_group=self.n_group, topk_group=self.topk_group,

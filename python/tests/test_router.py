@@ -69,6 +69,11 @@ def test_router_module_and_bitwise_repeat(device):
     assert outs[0].topk_ids.shape == (3, 20, 4) and outs[0].counts.sum().item() == 240
     for a, b in zip(outs[0], outs[1]):
         assert torch.equal(a, b)
+    r.update_bias(torch.tensor([30] + [14] * 15, dtype=torch.int32, device=device), rate=0.01)
+    assert r.bias[0].item() == pytest.approx(-0.1 - 0.01)  # took more than its share: less likely
+    assert r.bias[1].item() == pytest.approx(torch.linspace(-0.1, 0.1, 16)[1].item() + 0.01)
+    with pytest.raises(ValueError):
+        mok.Router(64, 16, 4).update_bias(outs[0].counts)
     with pytest.raises(TypeError):
         mok.route(x.reshape(-1, 64).float(), r.weight, 4)
     with pytest.raises(ValueError):
