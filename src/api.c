@@ -371,8 +371,8 @@ static mok_status refuse_with_peers(mok_workspace *ws, mok_status st, void *stre
                                      "the group failed; create a new one");
   mok_workspace *members[MOK_EP_MAX];
   /* (An NCCL group's workspaces are made together: each rank has one once this rank has.) */
-  if (g && !g->nccl && ws->ctx->ops->refuse && !mok_group_members(g, members)) {
-    /* Device barriers need every rank's buffers: refused here, the others will time out. */
+  if (g && !g->nccl && ws->ctx->ops->device_barriers && !mok_group_members(g, members)) {
+    /* Refused here: the others will time out. */
     int missing = 0;
     while (members[missing]) missing++;
     return mok_fail(MOK_ERR_INVALID_ARG, "rank %d of the EP group has no workspace; every rank "
@@ -381,21 +381,16 @@ static mok_status refuse_with_peers(mok_workspace *ws, mok_status st, void *stre
   if (st == MOK_OK || !g) return st;
   char msg[512];
   snprintf(msg, sizeof msg, "%s", mok_last_error());
-  if (ws->ctx->ops->refuse) {
-    (void)ws->ctx->ops->refuse(ws, stream);
-  } else {
-    int32_t bits = MOK_DEVERR_PEER_ARG;
-    (void)mok_group_barrier(g, ws->call, &bits);
-  }
+  (void)ws->ctx->ops->refuse(ws, stream);
   return mok_fail(st, "%s", msg);
 }
 
-/* Emulated ranks on the CUDA backend (device barriers, one GPU) enqueue each call in rank order
+/* Emulated ranks of a backend with device barriers enqueue each call in rank order
  * (mok_group_turn_take says why): the turn is taken before the call's checks, since a refused
  * call still meets its peers at a device barrier, and given once the call is enqueued. */
 static mok_ep_group *turns_of(const mok_workspace *ws) {
   mok_ep_group *g = ws ? ws->ctx->cfg.group : NULL;
-  return g && !g->nccl && ws->ctx->ops->refuse ? g : NULL;
+  return g && !g->nccl && ws->ctx->ops->device_barriers ? g : NULL;
 }
 
 static void turn_take(const mok_workspace *ws) {

@@ -64,7 +64,7 @@ void mok_group_retain(mok_ep_group *g) {
 void mok_group_release(mok_ep_group *g) {
   if (!g || __atomic_sub_fetch(&g->refs, 1, __ATOMIC_ACQ_REL) != 0) return;
   g->magic = 0;
-  mok_nccl_release(g);
+  if (g->release) g->release(g);
   group_sync *y = g->sync;
   pthread_mutex_destroy(&y->mu);
   pthread_cond_destroy(&y->cv);

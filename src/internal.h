@@ -204,7 +204,9 @@ struct mok_ep_group {
   void *nccl;           /* NCCL group: its ncclComm_t; NULL for emulated ranks */
   int nccl_rank;        /* NCCL group: this process's rank and device */
   int nccl_device;
-  int owns_nccl;        /* made from an id: mok destroys the communicator with the group */
+  /* Frees what the group's maker added when the group is freed (nccl.c: the communicator mok
+   * made from an id); NULL for none. */
+  void (*release)(struct mok_ep_group *g);
 };
 
 /* group.c: a group of `ranks` with its lock; nccl.c fills in the NCCL fields. */
@@ -241,8 +243,6 @@ void mok_group_break(mok_ep_group *g);
 int mok_group_members(mok_ep_group *g, struct mok_workspace **out);
 
 /* ---- NCCL (nccl.c), loaded at the first NCCL group -------------------------------------------- */
-/* The group is being freed: destroys its communicator if mok made it. */
-void mok_nccl_release(mok_ep_group *g);
 /* NCCL_VERSION_CODE of the NCCL loaded (0 if none). */
 int mok_nccl_version(void);
 /* Memory for a symmetric window: ncclMemAlloc / ncclMemFree. */
@@ -319,12 +319,16 @@ typedef struct mok_backend_ops {
   /* Copies `bytes` from backend memory at `src` to host `dst`, after the stream's work. */
   mok_status (*copy_to_host)(mok_workspace *ws, void *dst, const void *src, size_t bytes,
                              void *stream);
-  /* EP, where the backend meets its group on the device (NULL: the host barrier of group.c):
-   * group_ready: every rank of the group has its workspace now (each rank's is passed);
-   * refuse: a call api.c refused still meets the group at its opening barrier, carrying
-   * MOK_DEVERR_PEER_ARG, so that every rank fails it. */
+  /* EP groups. group_ready (NULL: nothing to do): every rank of the group has its workspace now
+   * (each rank's is passed). refuse: a call api.c refused still meets the group at its opening
+   * barrier, carrying MOK_DEVERR_PEER_ARG, so that every rank fails it. */
   mok_status (*group_ready)(mok_workspace *ws);
   mok_status (*refuse)(mok_workspace *ws, void *stream);
+  /* 1: emulated ranks meet at barriers on the device. Then a rank's call reads its peers'
+   * buffers, so every rank needs its workspace before any rank calls; and the ranks enqueue
+   * their calls in rank order (mok_group_turn_take says why). 0: they meet at group.c's host
+   * barrier. */
+  int device_barriers;
   /* MOK_FP8 workspaces (DESIGN §8.3): fp8 <- Q_blk of the bf16 weights w (given NULL), or the
    * codes and scales given (w NULL), with the transposed codes. */
   mok_status (*fp8_weights)(mok_workspace *ws, const mok_weights *w, const mok_fp8_given *given,

@@ -116,6 +116,9 @@ mok_status mok_nccl_id(unsigned char id[MOK_NCCL_ID_BYTES]) {
   return MOK_OK;
 }
 
+/* The group's release: the communicator mok made from an id goes with it. */
+static void destroy_comm(mok_ep_group *g) { nccl.CommDestroy((ncclComm_t)g->nccl); }
+
 /* The group of `comm`: its size and this process's rank and device. */
 static mok_status group_of(ncclComm_t comm, int owns, int timeout_ms, mok_ep_group **out) {
   int ranks = 0, rank = 0, device = 0;
@@ -137,7 +140,7 @@ static mok_status group_of(ncclComm_t comm, int owns, int timeout_ms, mok_ep_gro
   (*out)->nccl = comm;
   (*out)->nccl_rank = rank;
   (*out)->nccl_device = device;
-  (*out)->owns_nccl = owns;
+  (*out)->release = owns ? destroy_comm : NULL;
   return MOK_OK;
 }
 
@@ -184,10 +187,6 @@ mok_status mok_ep_group_create_nccl_id(const unsigned char id[MOK_NCCL_ID_BYTES]
   }
   mok_clear_error();
   return MOK_OK;
-}
-
-void mok_nccl_release(mok_ep_group *g) {
-  if (g->nccl && g->owns_nccl) nccl.CommDestroy((ncclComm_t)g->nccl);
 }
 
 mok_status mok_nccl_mem_alloc(void **p, size_t bytes) {

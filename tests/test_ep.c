@@ -388,8 +388,8 @@ static void turns_in_rank_order(void) {
   mok_ep_group_destroy(g);
 }
 
-/* Turns, through api.c: 4 CPU ranks whose backend poses as one with device barriers (a refuse
- * op), with stubs for the calls that record whose call reached the backend. Each rank's thread
+/* Turns, through api.c: 4 CPU ranks whose backend poses as one with device barriers, with
+ * stubs for the calls that record whose call reached the backend. Each rank's thread
  * makes forward, backward, recompute and schedule calls, one of them refused on one rank (its
  * refusal still reaches the backend, as a device barrier would need): the backend sees them in
  * rank order, call by call. */
@@ -449,7 +449,7 @@ static void api_calls_take_turns(void) {
     mok_backend_ops stub = *s.run[0].ctx->ops;
     const mok_backend_ops *cpu = s.run[0].ctx->ops;
     stub.forward = stub_forward, stub.backward = stub_backward, stub.schedule = stub_schedule;
-    stub.refuse = stub_refuse;
+    stub.refuse = stub_refuse, stub.device_barriers = 1;
     for (int r = 0; r < 4; r++) s.run[r].ctx->ops = &stub;
     seen.next = 0;
     pthread_t th[4];

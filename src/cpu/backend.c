@@ -147,6 +147,13 @@ static mok_status cpu_copy_to_host(mok_workspace *ws, void *dst, const void *src
   return MOK_OK;
 }
 
+/* A call api.c refused meets the group at the host barrier its forward or backward opens with. */
+static mok_status cpu_refuse(mok_workspace *ws, void *stream) {
+  (void)stream;
+  int32_t bits = MOK_DEVERR_PEER_ARG;
+  return mok_group_barrier(ws->ctx->cfg.group, ws->call, &bits);
+}
+
 const mok_backend_ops mok_cpu_ops = {
     .name = "cpu",
     .context_init = cpu_context_init,
@@ -158,6 +165,7 @@ const mok_backend_ops mok_cpu_ops = {
     .check = cpu_check,
     .copy_to_host = cpu_copy_to_host,
     .group_ready = NULL,
-    .refuse = NULL,
+    .refuse = cpu_refuse,
+    .device_barriers = 0,
     .fp8_weights = cpu_fp8_weights,
 };

@@ -42,6 +42,3 @@ mok_status mok_ep_group_create_nccl_id(const unsigned char id[MOK_NCCL_ID_BYTES]
   if (out) *out = NULL;
   return mok_fail(MOK_ERR_UNSUPPORTED, "NCCL groups: %s", ABSENT);
 }
-
-/* The group being freed is never an NCCL group here. */
-void mok_nccl_release(mok_ep_group *g) { (void)g; }

@@ -295,9 +295,18 @@ static mok_status cuda_refuse(mok_workspace *ws, void *stream) {
   return st;
 }
 
-/* (Positional: C++17 has no designated initializers; the order is mok_backend_ops'.) */
-extern "C" const mok_backend_ops mok_cuda_ops = {
-    "cuda",         cuda_context_init, cuda_workspace_init, cuda_workspace_fini, cuda_schedule,
-    cuda_forward,   cuda_backward,     cuda_check,          cuda_copy_to_host,
-    cuda_group_ready, cuda_refuse,     cuda_fp8_weights};
+/* Every field named, in mok_backend_ops' order (C++ wants it, and -Wextra a new field here). */
+extern "C" const mok_backend_ops mok_cuda_ops = {.name = "cuda",
+                                                 .context_init = cuda_context_init,
+                                                 .workspace_init = cuda_workspace_init,
+                                                 .workspace_fini = cuda_workspace_fini,
+                                                 .schedule = cuda_schedule,
+                                                 .forward = cuda_forward,
+                                                 .backward = cuda_backward,
+                                                 .check = cuda_check,
+                                                 .copy_to_host = cuda_copy_to_host,
+                                                 .group_ready = cuda_group_ready,
+                                                 .refuse = cuda_refuse,
+                                                 .device_barriers = 1,
+                                                 .fp8_weights = cuda_fp8_weights};
 
