@@ -164,14 +164,20 @@ def chart(path, ceiling, results):
 
 
 def write(out_dir, meta, ceiling, check, results, draw=True):
-    """Writes bench.json and bench.md (and with draw, bench.png); returns the markdown."""
+    """Writes bench.json and bench.md (and with draw, bench.png, or a note of why not, an older
+    bench.png removed); returns the markdown and the paths written."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    why = chart(out / "bench.png", ceiling, results) if draw else None
-    if why:
-        meta.setdefault("notes", []).append(f"no chart: {why}")
+    written = []
+    if draw:
+        why = chart(out / "bench.png", ceiling, results)
+        if why:
+            meta.setdefault("notes", []).append(f"no chart: {why}")
+            (out / "bench.png").unlink(missing_ok=True)  # not this run's
+        else:
+            written.append(out / "bench.png")
     md = markdown(meta, ceiling, check, results)
     (out / "bench.md").write_text(md)
     (out / "bench.json").write_text(json.dumps(dict(meta=meta, ceiling=ceiling, check=check,
                                                     results=results), indent=1) + "\n")
-    return md
+    return md, [out / "bench.json", out / "bench.md"] + written

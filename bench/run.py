@@ -291,8 +291,8 @@ def main():
         report.write(args.out, meta, ceiling, check, results, draw=False)  # if killed later
 
     report.add_ratios(results, ceiling if device == "cuda" else None)
-    md = report.write(args.out, meta, ceiling, check, results)
-    log(f"wrote {Path(args.out) / 'bench.json'}, bench.md, bench.png")
+    md, written = report.write(args.out, meta, ceiling, check, results)
+    log("wrote " + ", ".join(str(p) for p in written))
     print()
     print(md, end="")
 

@@ -178,8 +178,9 @@ void mok_context_destroy(mok_context *ctx); /* accepts NULL */
 int mok_cuda_device_count(void);
 
 /* ---- workspace: scratch for one layer shape, created once ----------------------------------- */
+#define MOK_MAX_TOKENS (1 << 20) /* the most max_tokens of a workspace or a router */
 typedef struct mok_shape {
-  int64_t max_tokens;   /* T: the most tokens per rank any call will pass */
+  int64_t max_tokens;   /* T: the most tokens per rank any call will pass, 1..MOK_MAX_TOKENS */
   int64_t hidden;       /* H */
   int64_t inter;        /* I */
   int64_t shared_inter; /* I_s; 0 = no shared expert */
@@ -304,7 +305,7 @@ typedef enum mok_router_scoring {
 } mok_router_scoring;
 
 typedef struct mok_router_config {
-  int64_t max_tokens;         /* the most tokens a call will pass, 1..2^20 */
+  int64_t max_tokens;         /* the most tokens a call will pass, 1..MOK_MAX_TOKENS */
   int64_t hidden;             /* H */
   int32_t experts;            /* E, 1..MOK_ROUTER_MAX_EXPERTS */
   int32_t top_k;              /* k, 1..min(E, MOK_ROUTER_MAX_K) */

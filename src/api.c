@@ -117,8 +117,9 @@ void mok_context_destroy(mok_context *ctx) {
 
 static mok_status check_shape(const mok_context *ctx, const mok_shape *s) {
   const int64_t big = (int64_t)1 << 20;
-  CHECK_ARG(s->max_tokens >= 1 && s->max_tokens <= big, "max_tokens is %lld; expected 1..%lld",
-            (long long)s->max_tokens, (long long)big);
+  CHECK_ARG(s->max_tokens >= 1 && s->max_tokens <= MOK_MAX_TOKENS,
+            "max_tokens is %lld; expected 1..%d (MOK_MAX_TOKENS)", (long long)s->max_tokens,
+            MOK_MAX_TOKENS);
   CHECK_ARG(s->hidden >= 1 && s->hidden <= big, "hidden (H) is %lld; expected 1..%lld",
             (long long)s->hidden, (long long)big);
   CHECK_ARG(s->inter >= 1 && s->inter <= big, "inter (I) is %lld; expected 1..%lld",

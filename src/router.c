@@ -28,8 +28,9 @@ static const mok_router_ops *router_ops(mok_backend b) {
 
 static mok_status check_config(const mok_router_config *c) {
   const int64_t big = (int64_t)1 << 20;
-  CHECK_ARG(c->max_tokens >= 1 && c->max_tokens <= big, "max_tokens is %lld; expected 1..%lld",
-            (long long)c->max_tokens, (long long)big);
+  CHECK_ARG(c->max_tokens >= 1 && c->max_tokens <= MOK_MAX_TOKENS,
+            "max_tokens is %lld; expected 1..%d (MOK_MAX_TOKENS)", (long long)c->max_tokens,
+            MOK_MAX_TOKENS);
   CHECK_ARG(c->hidden >= 1 && c->hidden <= big, "hidden (H) is %lld; expected 1..%lld",
             (long long)c->hidden, (long long)big);
   CHECK_ARG(c->experts >= 1 && c->experts <= MOK_ROUTER_MAX_EXPERTS,

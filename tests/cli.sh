@@ -44,6 +44,10 @@ check cli/check_rows_capped 0 'about 0 s .*dw_gate +2048 rows .*dw_down +2048 co
   -- timeout 60 $mok run --shape mixtral-8x7b --scale 1/64 --tokens 8 --backend cpu \
   --check-rows 2147483647
 check cli/info 0 'CUDA devices visible: [0-9]+' -- $mok info
+v=$(sed -n 's/^#define MOK_VERSION_\(MAJOR\|MINOR\|PATCH\) \([0-9]*\)$/\2/p' include/mok.h | paste -sd.)
+check cli/version 0 "^mok $v \$" -- $mok --version
+check cli/tokens_past_the_limit 2 "--tokens '2000000': expected an integer 1\.\.1048576 \(the library's limit" \
+  -- $mok run --tokens 2000000 --backend cpu
 
 small=(--scale 1/32 --backend cpu)
 check cli/run_dsv3 0 'run: PASS' -- $mok run --shape dsv3 "${small[@]}"
@@ -110,6 +114,13 @@ check cli/other_seed_other_bits 1 '' -- cmp -s "$tmp/a" "$tmp/c"
 
 check cli/bench 0 'repeated bits: identical.*bench: PASS' -- \
   $mok bench --shape fine-7b --scale 1/64 --backend cpu --warmup 0 --repeat 2 --json "$tmp/b.json"
+# An unwritable --json fails before anything runs (no progress line, no header) and leaves no file;
+# a benchmark that fails after the file was opened leaves none either.
+check cli/bench_json_unwritable 2 '^mok: error: --json /nonexistent/b.json: No such file or directory; nothing was run $' \
+  -- $mok bench --shape fine-7b --scale 1/64 --backend cpu --json /nonexistent/b.json
+check cli/bench_failed_leaves_no_json 1 'MOK_ERR' -- sh -c "$mok bench --shape fine-7b \
+  --scale 1/64 --backend cpu --ep 64 --tokens 200000 --json '$tmp/failed.json'; rc=\$?; \
+  test ! -e '$tmp/failed.json' && exit \$rc"
 check cli/bench_json 0 'ok' -- python3 -c "
 import json, sys
 j = json.load(open('$tmp/b.json'))

@@ -114,6 +114,8 @@ static void parse_help(void) {
         "help bench");
   CHECK(parse("mok run --shape nope --help", &o, err, sizeof err) == 0 && o.help &&
             o.cmd == CLI_RUN, "run --help wins over a bad shape");
+  CHECK(parse("mok --version", &o, err, sizeof err) == 0 && o.version && !o.help, "--version");
+  CHECK(parse("mok -V", &o, err, sizeof err) == 0 && o.version, "-V");
 }
 
 /* Each bad line fails with a message containing `want`. */
@@ -130,6 +132,10 @@ static void parse_errors(void) {
       {"mok run --scale 1/0", "expected 1/N"},
       {"mok run --scale 1/x", "expected 1/N"},
       {"mok run --tokens 0", "--tokens '0'"},
+      {"mok run --tokens 1048577", "--tokens '1048577': expected an integer 1..1048576 (the "
+                                   "library's limit, MOK_MAX_TOKENS)"},
+      {"mok run --tokens 5000000000", "1..1048576 (the library's limit"},
+      {"mok --version run", "--version takes no arguments"},
       {"mok run --tokens 12abc", "--tokens '12abc'"},
       {"mok run --backend gpu", "expected cpu or cuda"},
       {"mok run --grad-mode fp32", "expected bf16 or f32"},

@@ -140,8 +140,9 @@ static int apply(cli_options *o, opt_id id, const char *name, const char *v, cha
       o->scale = n;
       return 0;
     case OPT_TOKENS:
-      if (parse_int(v, 1, INT32_MAX, &n))
-        return fail(err, len, "--tokens '%s': expected an integer >= 1", v);
+      if (parse_int(v, 1, MOK_MAX_TOKENS, &n))
+        return fail(err, len, "--tokens '%s': expected an integer 1..%d (the library's limit, "
+                    "MOK_MAX_TOKENS)", v, MOK_MAX_TOKENS);
       o->tokens = n;
       return 0;
     case OPT_BACKEND:
@@ -222,6 +223,10 @@ int cli_parse(int argc, char **argv, cli_options *o, char *err, size_t len) {
   if (argc < 2) return fail(err, len, "no command given; expected info, run or bench");
   const char *c = argv[1];
   int i = 2;
+  if (strcmp(c, "--version") == 0 || strcmp(c, "-V") == 0) {
+    o->version = 1;
+    return argc > 2 ? fail(err, len, "%s takes no arguments", c) : 0;
+  }
   if (strcmp(c, "--help") == 0 || strcmp(c, "-h") == 0 || strcmp(c, "help") == 0) {
     o->help = 1;
     if (strcmp(c, "help") != 0 || argc < 3) return 0;

@@ -37,6 +37,7 @@ typedef enum cli_command { CLI_HELP = 0, CLI_INFO, CLI_RUN, CLI_BENCH } cli_comm
 typedef struct cli_options {
   cli_command cmd;
   int help;                 /* --help was given: print the command's help */
+  int version;              /* --version was given: print the version */
   const char *shape_name;   /* --shape, default "dsv3" */
   int64_t scale;            /* --scale 1/N: N, default 1 */
   int64_t tokens;           /* --tokens, 0 = the shape's (scaled) */

@@ -4,6 +4,7 @@
  * 1 a library call or a check failed, 2 a bad command line. This is the only code in the
  * project that ends the process; everything under it returns errors.
  */
+#include <errno.h>
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,6 +24,7 @@ static void usage(FILE *f) {
       "\n"
       "usage: mok <command> [options]\n"
       "       mok <command> --help       (or: mok help <command>)\n"
+      "       mok --version\n"
       "\n"
       "commands:\n"
       "  info    the library version, the backends built and the CUDA devices visible\n"
@@ -302,14 +304,11 @@ static void json_string(FILE *f, const char *s) {
   fputc('"', f);
 }
 
-/* flops: of one forward (of every rank's tokens with --ep). */
-static int write_json(const cli_options *o, double flops, stats f, stats b, const double *fv,
-                      const double *bv, const int kernels[2], int identical, uint64_t bits) {
-  FILE *j = fopen(o->json, "w");
-  if (!j) {
-    tool_error("cannot write %s", o->json);
-    return -1;
-  }
+/* flops: of one forward (of every rank's tokens with --ep). Writes into j, which the bench
+ * opened before it ran. */
+static int write_json(FILE *j, const cli_options *o, double flops, stats f, stats b,
+                      const double *fv, const double *bv, const int kernels[2], int identical,
+                      uint64_t bits) {
   const mok_shape *s = &o->shape;
   char v[16];
   fprintf(j, "{\n  \"mok_version\": \"%s\",\n  \"shape\": \"%s\",\n  \"scale\": %lld,\n",
@@ -375,6 +374,12 @@ done:
 }
 
 static int cmd_bench(const cli_options *o) {
+  /* The JSON file is opened first: a path that cannot be written fails before the benchmark. */
+  FILE *json = o->json ? fopen(o->json, "w") : NULL;
+  if (o->json && !json) {
+    tool_error("--json %s: %s; nothing was run", o->json, strerror(errno));
+    return 2;
+  }
   cli_digest ref[OUT_COUNT], last[OUT_COUNT];
   int64_t n[OUT_COUNT];
   double *fv = calloc(3 * (size_t)o->repeat, sizeof *fv); /* forward, backward ms, scratch */
@@ -424,9 +429,14 @@ static int cmd_bench(const cli_options *o) {
          (unsigned long long)bits);
   if (nonfinite) printf("  %d outputs hold NaN or Inf\n", nonfinite);
   rc = !identical || nonfinite;
-  if (o->json && write_json(o, flops, f, b, fv, bv, kernels, identical, bits)) rc = 1;
+  if (json && write_json(json, o, flops, f, b, fv, bv, kernels, identical, bits)) rc = 1;
+  json = NULL; /* written and closed */
   printf("bench: %s\n", rc ? "FAIL" : "PASS");
 done:
+  if (json) { /* the benchmark did not run to the end: no file is left that says it did */
+    fclose(json);
+    remove(o->json);
+  }
   free(fv);
   return rc;
 }
@@ -445,6 +455,11 @@ int main(int argc, char **argv) {
   }
   if (o.help) {
     command_help(o.cmd);
+    return 0;
+  }
+  if (o.version) {
+    char v[16];
+    printf("mok %s\n", version_text(mok_version(), v));
     return 0;
   }
   if (o.threads > 0) omp_set_num_threads(o.threads);

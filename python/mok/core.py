@@ -24,7 +24,7 @@ PRECISIONS = {"bf16": _lib.BF16, "fp8": _lib.FP8}
 
 BACKENDS = {"cpu": _lib.BACKEND_CPU, "cuda": _lib.BACKEND_CUDA}
 GRAD_MODES = {"bf16": _lib.GRAD_WRITE_BF16, "f32": _lib.GRAD_ACCUMULATE_F32}
-MAX_TOKENS = 1 << 20          # api.c check_shape: max_tokens <= 2^20
+MAX_TOKENS = 1 << 20          # mok.h MOK_MAX_TOKENS
 MAX_ROWS = 1 << 26            # api.c check_shape: max_tokens * top_k * ep_size <= 2^26
 
 

@@ -36,6 +36,10 @@ def test_bench_smoke(tmp_path):
     assert {"torch grouped_mm", "torch grouped_mm deterministic", "torch loop"} <= impls
     assert all(r["status"] == "ok" for r in res["results"]), res["results"]
     assert "| shape | impl |" in (out / "bench.md").read_text()
+    # It says it wrote the chart exactly when it did (without matplotlib it does not).
+    wrote = [line for line in proc.stdout.splitlines() + proc.stderr.splitlines()
+             if "wrote " in line]
+    assert len(wrote) == 1 and ("bench.png" in wrote[0]) == (out / "bench.png").exists(), wrote
 
 
 def test_bench_smoke_fp8(tmp_path):
