@@ -1,7 +1,7 @@
 /*
  * internal.h: what the API layer and the backends share: the context and workspace structs, the
  * layout of the per-call `saved` buffer (computed here once, carved everywhere from it), the
- * backend function table, and the per-thread last-error helpers.
+ * backend function table, and the per-thread last-error functions.
  */
 #ifndef MOK_INTERNAL_H
 #define MOK_INTERNAL_H

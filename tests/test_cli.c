@@ -1,4 +1,4 @@
-/* test_cli.c: the mok command's helpers (tools/cli.c): the DESIGN.md §7 shapes, --scale, option
+/* test_cli.c: the mok command's parsing and digests (tools/cli.c): the DESIGN.md §7 shapes, --scale, option
  * parsing and its error messages, FLOP counts, output digests. */
 #include <math.h>
 #include <omp.h>

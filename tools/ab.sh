@@ -14,7 +14,7 @@
 #                                nvidia-smi samples every 50 ms with utilisation >= 90 %) and
 #                                each run's fastest call (bench's min ms: the medians of short
 #                                runs follow the clock's two levels, the minima much less;
-#                                perf-log, twenty-third session)
+#                                perf-log, 2026-12-04 at 5a66c9f)
 #
 # The table's bits column: "same" when a run repeated its own bits and gave the outputs of the
 # shape's reference build (mok bench's "outputs fnv64", the same inputs for every build), which

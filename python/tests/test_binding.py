@@ -1,5 +1,5 @@
 """test_binding.py: the ctypes declarations against the C headers (struct layouts, status names)
-and the numpy bf16 helpers against the library's conversion. No torch needed."""
+and the numpy bf16 conversions against the library's conversion. No torch needed."""
 import ctypes
 import shutil
 import subprocess

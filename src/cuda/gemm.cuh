@@ -104,7 +104,7 @@ MOK_DEV int ceil_div_dev(int a, int b) { return (a + b - 1) / b; }
 /* The words of the schedule a product's tile lookups read, kept across its tiles by each side
  * (producer, consumers): the schedule does not change during a product, but the epilogues' stores
  * might alias it, so the compiler loads it again every tile, and each load stood before the tile
- * for most of a memory latency (tile clock, twenty-second session). */
+ * for most of a memory latency (tile clock, 2026-12-04 at 4de57f7). */
 typedef struct tile_memo {
   int m_tiles;                /* row-grouped: offsets[experts] / BM; -1 until loaded */
   int expert, k_row0, k_rows; /* weight gradients: the last tile's expert (-1: none), its rows */

@@ -71,7 +71,7 @@ MOK_DEV void load_b_kmajor_2d(char *sb, uint64_t *bar, const gemm_tile *tl, int 
  * EXPERT: a 3D map, expert e's plane (the dgrads' weights), else a 2D map (rows = k). A template
  * argument, not a test of e at run time: in a launch of several products (wip/split2's backward
  * launches) the compiler merged the two kinds into predicated pairs of loads, which cost gate/up
- * dgrad 0.2-0.3 ms on gpt-oss-120b (perf-log 2026-12-04, twentieth session). e is unused for 2D. */
+ * dgrad 0.2-0.3 ms on gpt-oss-120b (perf-log 2026-12-04 at 53149ba). e is unused for 2D. */
 template <bool EXPERT>
 MOK_DEV void load_b_mn(char *sb, uint64_t *bar, const gemm_tile *tl, int rank,
                        const CUtensorMap *map, int k, int e) {

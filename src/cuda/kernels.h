@@ -320,7 +320,7 @@ cudaError_t router_grad_launch(const int32_t *status, int32_t *sticky, int slots
  * wait for the kernels running on the device: a rank spinning at a barrier for a peer whose next
  * launch waits on such a load never returns. So every kernel is loaded at context creation (the
  * GEMMs by gemm_init). Without this, `mok run --ep R --backend cuda` timed out at the first
- * barrier on an H200; with it, it passes (docs/perf-log.md, 2026-12-02, fourth session). */
+ * barrier on an H200; with it, it passes (docs/perf-log.md, 2026-12-02 at 8a00c06). */
 cudaError_t ep_preload(void);
 cudaError_t quant_preload(void);
 cudaError_t rows_preload(void);

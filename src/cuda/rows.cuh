@@ -75,8 +75,8 @@ static __device__ void dispatch_marks(const dispatch_args *a) {
  * combine, which reads as many bytes as that dispatch writes, 160). A warp takes its tokens N at
  * a time, w, w + warps, ...: all N tokens' slot rows, then all N rows' loads, are in flight
  * before the first store. The layer launch's warps (15 tokens each on fine-7b) take 2, and wait
- * out half as many chains of two memory latencies: its forward 1 % faster (perf-log, twenty-sixth
- * session); the row kernel, with a full grid of warps, did not gain and takes 1. The other items
+ * out half as many chains of two memory latencies: its forward 1 % faster (perf-log 2026-12-04,
+ * 7c4872d); the row kernel, with a full grid of warps, did not gain and takes 1. The other items
  * are groups of a->group routed rows: zeros on padding, other ranks' tokens pulled from their
  * published x (dy); rows of this rank's tokens are skipped, the first kind wrote them. group is
  * 32 at ep = 1, where every row but the padding is skipped, so a warp looks at 32 row_src at

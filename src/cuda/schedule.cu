@@ -145,7 +145,7 @@ static __device__ void scan_block(const sched_args *pa, int chunks, int *cnt, ui
    * expert and the chunks split among `groups` rows of them: each thread sums its slice, then
    * rewrites it as bases from the sums of the slices before it. A thread walking all of an
    * expert's chunks alone waited out an L2 latency per chunk: 66 us for fine-7b's 192 chunks at
-   * ncu's clock (perf-log 2026-12-03, fourteenth session). Integer sums: the same bases. */
+   * ncu's clock (perf-log 2026-12-03 at 1e6ac2e). Integer sums: the same bases. */
   const int cols = min(E, (int)blockDim.x), groups = blockDim.x / cols;
   const int col = threadIdx.x % cols, g = threadIdx.x / cols;
   const int per = (chunks + groups - 1) / groups;
@@ -238,7 +238,7 @@ static __device__ void place_chunk(const sched_args *pa, int chunk, int *next_ro
   }
   /* Loaded before the turns: read inside its warp's turn, after the row_src store, the weight
    * cost every turn a load's latency, 32 in a row (the kernel took 34 us on fine-7b at ncu's
-   * clock, 17 us with this; perf-log 2026-12-03, fourteenth session). */
+   * clock, 17 us with this; perf-log 2026-12-03 at 1e6ac2e). */
   const float weight = key >= 0 ? sl.w[sl.f] : 0.0f;
   /* Warps take turns so that rows follow slot order across the whole chunk. */
   for (int w = 0; w < SCHED_THREADS / 32; w++) {
