@@ -7,6 +7,8 @@ after warm-up, the median of the repeats, forward and backward apart).
   torch        bench/layers.py's torch_router (fp32 linear, softmax or sigmoid, topk) feeding
                grouped_mm_moe (the benchmark's baseline; a loop of matmuls where
                torch._grouped_mm does not run), in deterministic mode
+  torch router + mok layer   the PyTorch router feeding mok's layer (mok.moe): the same experts,
+               so the difference to `mok` is the router's alone
   mok router, torch router   the two routers alone (weights out, their backward from them)
 
 The router: softmax top-k, but on dsv3 DeepSeek-V3's (sigmoid, 8 groups of which 4 are kept,
@@ -56,6 +58,10 @@ def implementations(shape, device):
         ids, tw, _, _, _ = layers.torch_router(x, w_router, shape.k, **o)
         return moe(x, ids, tw, w_gate, w_up, w_down, ws_gate, ws_up, ws_down)
 
+    def torch_router_mok_layer(x, w_router, w_gate, w_up, w_down, ws_gate, ws_up, ws_down):
+        ids, tw, _, _, _ = layers.torch_router(x, w_router, shape.k, **o)
+        return mok.moe(x, ids, tw, w_gate, w_up, w_down, ws_gate, ws_up, ws_down)
+
     def mok_router(x, w_router, **_):
         return mok.route(x, w_router, shape.k, **o).topk_weights
 
@@ -63,6 +69,7 @@ def implementations(shape, device):
         return layers.torch_router(x, w_router, shape.k, **o)[1]
 
     return [("mok", mok_layer, "layer"), ("torch", torch_layer, "layer"),
+            ("torch router + mok layer", torch_router_mok_layer, "layer"),
             ("mok router", mok_router, "router"), ("torch router", torch_router, "router")]
 
 
@@ -91,13 +98,13 @@ def main(argv=None):
                 m = measure(fn, these, dy if kind == "layer" else dtw, budget_s=args.budget)
             rows.append(dict(shape=shape.name, impl=name, **{k: m[k] for k in (
                 "fwd_ms", "bwd_ms", "bits_equal", "peak_bytes")}))
-            print(f"{shape.name:14s} {name:13s} fwd {m['fwd_ms']:8.3f} ms  bwd "
+            print(f"{shape.name:14s} {name:25s} fwd {m['fwd_ms']:8.3f} ms  bwd "
                   f"{m['bwd_ms']:8.3f} ms  bits equal: {m['bits_equal']}", flush=True)
     lines = ["| shape | implementation | fwd ms | bwd ms | fwd+bwd ms | speed-up | bits equal |",
              "|---|---|---:|---:|---:|---:|---|"]
     for r in rows:
         base = next(b for b in rows if b["shape"] == r["shape"] and b["impl"] == (
-            "torch" if r["impl"] in ("mok", "torch") else "torch router"))
+            "torch router" if r["impl"] in ("mok router", "torch router") else "torch"))
         tot = r["fwd_ms"] + r["bwd_ms"]
         lines.append(f"| {r['shape']} | {r['impl']} | {r['fwd_ms']:.3f} | {r['bwd_ms']:.3f} | "
                      f"{tot:.3f} | {(base['fwd_ms'] + base['bwd_ms']) / tot:.2f} | "

@@ -73,7 +73,8 @@ def test_router_bench_smoke(tmp_path):
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = json.loads((tmp_path / "router.json").read_text())["rows"]
-    assert {r["impl"] for r in rows} == {"mok", "torch", "mok router", "torch router"}
+    assert {r["impl"] for r in rows} == {"mok", "torch", "torch router + mok layer", "mok router",
+                                        "torch router"}
     assert "| shape | implementation |" in proc.stdout
 
 
