@@ -198,8 +198,10 @@ static void gpu_router_vs_cpu(void) {
         CHECK(rel_err_f32(gb.tw, cb.tw, (size_t)(T * k)) < 1e-5, "%s: weights rel err %.3g",
               c->name, rel_err_f32(gb.tw, cb.tw, (size_t)(T * k)));
       }
+      /* A choice that differs at a tie moves two counts by one: the aux loss by ~1/(T k). */
+      const float tol = differ ? 1e-3f : 1e-4f;
       for (int i = 0; i < 2; i++)
-        CHECK(fabsf(gb.loss[i] - cb.loss[i]) < 1e-4f * fabsf(cb.loss[i]),
+        CHECK(fabsf(gb.loss[i] - cb.loss[i]) < tol * fabsf(cb.loss[i]),
               "%s: %s %.9g, CPU %.9g", c->name, i ? "z-loss" : "aux loss", (double)gb.loss[i],
               (double)cb.loss[i]);
       const double ex = rel_err_bf16(gb.dx, cb.dx, (size_t)(T * H));
