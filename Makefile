@@ -38,6 +38,11 @@ SANITIZE ?= 0
 ifeq ($(SANITIZE),1)
 SAN_FLAGS := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
 endif
+# FUZZ=1 (make fuzz, with clang): objects instrumented for libFuzzer's coverage (where clang
+# cannot vectorize the simd loops, which it would report as an error).
+ifeq ($(FUZZ),1)
+SAN_FLAGS += -fsanitize=fuzzer-no-link -Wno-pass-failed
+endif
 
 WARN    := -Wall -Wextra -Werror
 DEPS    := -MMD -MP # each object's header dependencies, in its .d beside it
@@ -91,11 +96,13 @@ CHECK_OBJ := $(CHECK_SRC:%.c=$(BUILD)/%.o)
 # What the tests and the command link: both archives, the checking one first.
 LINK_CHECK := $(BUILD)/libmok_check.a $(BUILD)/libmok.a
 TEST_C  := $(filter-out tests/nccl_stub.c,$(wildcard tests/*.c))
+FUZZ_OBJ := $(BUILD)/tests/fuzz/fuzz_api.o
 # The mok command: every tools/*.c but the README's example.
 TOOL_C  := $(filter-out tools/example.c,$(wildcard tools/*.c))
 GPU_SRC := $(wildcard tests/gpu/*.c tests/gpu/*.cu)
 GPU_OBJ := $(patsubst %,$(BUILD)/%.o,$(basename $(GPU_SRC))) $(BUILD)/tests/gpu/main.o
 ALL_OBJ := $(LIB_OBJ) $(CHECK_OBJ) $(TEST_C:%.c=$(BUILD)/%.o) $(TOOL_C:%.c=$(BUILD)/%.o) \
+           $(FUZZ_OBJ) $(BUILD)/tests/fuzz/replay.o \
            $(if $(filter 1,$(WITH_CUDA)),$(GPU_OBJ))
 
 all: $(BUILD)/libmok.so $(BUILD)/libmok.a $(BUILD)/mok
@@ -159,6 +166,13 @@ $(BUILD)/example: tools/example.c $(BUILD)/libmok.a
 $(BUILD)/test_mok: $(TEST_C:%.c=$(BUILD)/%.o) $(BUILD)/tools/cli.o $(LINK_CHECK)
 	$(CC) -o $@ $^ $(LDLIBS)
 
+# The fuzz target on the corpus's inputs, once each (make test); make fuzz links it to libFuzzer.
+$(BUILD)/fuzz_replay: $(FUZZ_OBJ) $(BUILD)/tests/fuzz/replay.o $(LINK_CHECK)
+	$(CC) -o $@ $^ $(LDLIBS)
+
+$(BUILD)/fuzz_api: $(FUZZ_OBJ) $(LINK_CHECK)
+	$(CC) -fsanitize=fuzzer -o $@ $^ $(LDLIBS)
+
 # The GPU test binary shares main.c with the CPU one; its tables.h lists the GPU test files.
 $(BUILD)/tests/gpu/main.o: tests/main.c $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
@@ -187,8 +201,9 @@ $(BUILD)/nccl-stub/%/libnccl.so.2: tests/nccl_stub.c
 # make test: where nvcc is, also the GPU test binary (every kernel compiled for sm_90a), and a
 # build without the CUDA backend, whose tests run too (tests/no-cuda.sh).
 test: all $(BUILD)/test_mok $(BUILD)/example $(if $(filter 1,$(WITH_CUDA)),$(BUILD)/test_gpu) \
-      $(NCCL_STUBS)
+      $(NCCL_STUBS) $(BUILD)/fuzz_replay
 	./$(BUILD)/test_mok
+	./$(BUILD)/fuzz_replay tests/fuzz/corpus/*
 	./tests/cli.sh
 	MOK_LIB=$(BUILD)/libmok.so $(PYTHON) -m pytest -q python/tests
 	./tests/install.sh
@@ -206,9 +221,23 @@ test-no-cuda: all $(BUILD)/test_mok
 # their own (build/asan): a bad read or write, a leak or undefined behaviour fails them. CI runs
 # it (.ci/run).
 asan:
-	$(MAKE) --no-print-directory WITH_CUDA=0 SANITIZE=1 BUILD=$(BUILD)/asan $(BUILD)/asan/test_mok
-	ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1 \
-	  ./$(BUILD)/asan/test_mok
+	$(MAKE) --no-print-directory WITH_CUDA=0 SANITIZE=1 BUILD=$(BUILD)/asan \
+	  $(BUILD)/asan/test_mok $(BUILD)/asan/fuzz_replay
+	UBSAN_OPTIONS=print_stacktrace=1 ./$(BUILD)/asan/test_mok
+	UBSAN_OPTIONS=print_stacktrace=1 ./$(BUILD)/asan/fuzz_replay tests/fuzz/corpus/*
+
+# libFuzzer (clang) on the C API, CPU backend, under ASan and UBSan, for FUZZ_SECONDS (CI: 60):
+# new inputs go to $(BUILD)/fuzz/corpus, a failing one to $(BUILD)/fuzz/crash-*; copy the ones
+# worth keeping into tests/fuzz/corpus, which make test replays.
+FUZZ_SECONDS ?= 60
+fuzz:
+	$(MAKE) --no-print-directory CC=clang WITH_CUDA=0 SANITIZE=1 FUZZ=1 BUILD=$(BUILD)/fuzz \
+	  $(BUILD)/fuzz/fuzz_api
+	mkdir -p $(BUILD)/fuzz/corpus
+	UBSAN_OPTIONS=print_stacktrace=1 ./$(BUILD)/fuzz/fuzz_api -max_total_time=$(FUZZ_SECONDS) \
+	  -max_len=256 -len_control=0 -timeout=20 -rss_limit_mb=4096 -artifact_prefix=$(BUILD)/fuzz/ \
+	  $(BUILD)/fuzz/corpus \
+	  tests/fuzz/corpus
 
 # DESTDIR stages the install elsewhere (for packaging); mok.pc gets the final paths.
 install: all
@@ -240,4 +269,4 @@ clean:
 
 -include $(ALL_OBJ:.o=.d)
 
-.PHONY: all test test-no-cuda asan install uninstall gpu-check bench clean
+.PHONY: all test test-no-cuda asan fuzz install uninstall gpu-check bench clean

@@ -19,9 +19,10 @@
  * allocates after mok_workspace_create, so forward and backward can be captured in a CUDA graph.
  *
  * Errors. Every function that can fail returns a mok_status (size queries return 0). A call that
- * fails leaves every output, and `saved`, as it found them. mok_last_error() is the message of
- * the last call on the calling thread that failed, and "" once a later call on that thread
- * succeeds (a destroy, which returns nothing, sets it only when it refuses a handle).
+ * fails leaves every output as it found it, and `saved` too but for the header that a forward,
+ * recompute or schedule writes first (and which then says why it failed). mok_last_error() is
+ * the message of the last call on the calling thread that failed, and "" once a later call on
+ * that thread succeeds (a destroy, which returns nothing, sets it only when it refuses a handle).
  *
  * Threads. Different workspaces, contexts and groups may be used from different threads at once.
  * A workspace takes one call at a time: a call on a workspace that another thread's call is
