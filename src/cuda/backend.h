@@ -89,12 +89,13 @@ typedef struct scratch_layout {
   size_t xr_tag;        /* u64 [3]: whose routed x rows xr holds (saved_open_launch) */
   /* Regions that hold two things in turn share memory (the backward's order keeps their uses
    * apart, see the header). */
-  size_t xr;            /* bf16 [rows_cap, H] routed x rows; then f32 [T, H] rows_f32 */
-  size_t dyr;           /* bf16 [rows_cap, H] routed dy rows (bwd); at ep = 1 also slots */
+  size_t xr;            /* bf16 [rows_cap, H] routed x rows; then f32 [T, H] rows_f32 (FP8:
+                         * rows_f32 alone, it has no bf16 rows) */
+  size_t dyr;           /* bf16 [rows_cap, H] routed dy rows (bwd); at ep = 1 also slots (FP8:
+                         * slots alone) */
   size_t slots;         /* bf16 [T*k, H] expert output (fwd) / dx (bwd) per slot. At ep = 1 it
                          * is dyr: the forward has no dy rows, and the backward's gate/up dgrad
-                         * writes it after the last reader of dy rows (down's weight gradient;
-                         * FP8: their quantization).
+                         * writes it after the last reader of dy rows (down's weight gradient).
                          * At ep > 1 it is memory of its own: peers write their rows into it
                          * while this rank may still read its dy rows. */
   size_t dgu;           /* bf16 [rows_cap, 2I] */
@@ -102,7 +103,7 @@ typedef struct scratch_layout {
   size_t rows_f32;      /* f32 [T, H] shared-expert output (fwd) / dx (bwd); none if I_s = 0.
                          * It is xr: written by the shared expert's second product, which runs
                          * after the last reader of x rows (the routed gate/up forward; the
-                         * routed gate/up weight gradient; FP8: their quantizations) */
+                         * routed gate/up weight gradient) */
   size_t dgus;          /* bf16 [T, 2I_s] */
   fp8_scratch f8;       /* MOK_FP8 only (sizes 0 otherwise) */
   size_t bytes;
@@ -165,10 +166,11 @@ static inline const ep_table *table_of(const call *c) {
   return AT(c->scratch, c->L->table, ep_table);
 }
 /* Whose routed x rows xr holds (rows.cu), where they outlive the forward: ep = 1 (a group's rows
- * come from other ranks' inputs) without a shared expert (its fp32 rows go over them); else
- * NULL. */
+ * come from other ranks' inputs) without a shared expert (its fp32 rows go over them), BF16;
+ * else NULL. */
 static inline uint64_t *xr_tag_of(const call *c) {
-  return c->ranks == 1 && !c->Is ? AT(c->scratch, c->L->xr_tag, uint64_t) : NULL;
+  const int fp8 = c->ws->shape.precision == MOK_FP8; /* its routed rows are never in bf16 */
+  return c->ranks == 1 && !c->Is && !fp8 ? AT(c->scratch, c->L->xr_tag, uint64_t) : NULL;
 }
 
 /* ---- the products (products.cu): each fills a gemm_args, and the backward's also launch it -- */

@@ -196,18 +196,29 @@ cudaError_t gemm8_init(int *max_ctas);
 cudaError_t gemm8_launch(gemm8_kind kind, const gemm8_args *a, int ctas, cudaStream_t stream);
 
 /* ---- FP8 quantization (quant.cu, DESIGN §8.1) ---------------------------------------------- */
-/* Tiles of 128 x 128 of a bf16 matrix src [rows, cols] (ld_src elements a row). Rows from
- * `rows` on read as zeros; with `live` set, only the first *live rows matter (the schedule's
- * offsets[E_local]: the tiles below it run, the rest return at once). Either output or both:
+/* Tiles of 128 x 128 of a bf16 matrix [rows, cols] (ld_src elements a row). Rows from `rows` on
+ * read as zeros; with `live` set, only the first *live rows matter (the schedule's
+ * offsets[E_local]: the tiles below it run, the rest return at once). The rows are src's, or
+ * (src NULL) the routed rows gathered from their tokens as dispatch would move them: row r holds
+ * token (row_src[r] % slots_cap) / k of rank row_src[r] / slots_cap, from `own` [T, ld_src] for
+ * this rank's tokens, else from that rank's published x (dy when `dy`) in `peers`; padding
+ * (-1) reads as zeros. Either output or both:
  *   row: Q_row, codes q [rows, ld_q] (columns cols .. ld_q - 1 of each row, up to the tile's
  *        end, are zero codes) and scales s [ceil(cols / 128)][ld_s];
  *   col: Q_col over blocks of 128 rows, codes qt [cols, ld_qt] (row c holds column c, every row
- *        of the tile written, zeros past `rows`) and scales st [rows / 128 blocks][ld_st]. */
+ *        of the tile written, zeros past `rows`) and scales st [rows / 128 blocks][ld_st].
+ * `filled` (or NULL): the first tile sets it to MOK_FILLED_ACTIVATIONS, once the call is known
+ * to have had no error (the FP8 forward's mark, which the bf16 forward's dispatch makes). */
 typedef struct quant_args {
   const int32_t *status;
   const __nv_bfloat16 *src;
   int rows, cols, ld_src;
   const int32_t *live;
+  const int32_t *row_src;
+  const __nv_bfloat16 *own;
+  const ep_table *peers;
+  int dy, slots_cap, k, rank;
+  int32_t *filled;
   uint8_t *q;
   float *s;
   int ld_q, ld_s;

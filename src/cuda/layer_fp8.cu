@@ -1,20 +1,17 @@
 /*
  * layer_fp8.cu: the CUDA backend's FP8 layer (DESIGN §8): the weights' FP8 buffer
  * (mok_quantize_weights, mok_fp8_weights_import), the arguments of the five FP8 products, and the
- * order of forward and backward after the schedule (and the backward's opening barrier). The
- * bf16 steps around the products are the BF16 layer's: dispatch moves bf16 rows (from a peer
- * at ep > 1), quant.cu turns them into the operands each product reads, and combine and the
- * router gradient are unchanged. Each step is a kernel of its own (the BF16 forward's single
- * launch has no FP8 form yet).
- *   forward:  dispatch x -> Q_row(x rows) -> gate/up (SwiGLU, Q_row(hw)) -> [shared: Q_row(x),
- *             gate/up] -> down -> [shared down] -> combine
- *   backward: dispatch x, dy -> Q_row, Q_col(dy rows) -> down dgrad (SwiGLU bwd, router
- *             partials) -> Q_row, Q_col(dgu) -> Q_col(hw) -> down weight grad -> Q_col(x rows)
+ * order of forward and backward after the schedule (and the backward's opening barrier). There
+ * is no dispatch: quant.cu reads each routed row of x and dy from its token (from a peer's
+ * published rows at ep > 1) as it quantizes it, so the routed rows never exist in bf16. Combine
+ * and the router gradient are the BF16 layer's. Each step is a kernel of its own (the BF16
+ * forward's single launch has no FP8 form yet).
+ *   forward:  Q_row(x rows) -> gate/up (SwiGLU, Q_row(hw)) -> [shared: Q_row(x), gate/up]
+ *             -> down -> [shared down] -> combine
+ *   backward: Q_row, Q_col(dy rows) -> down dgrad (SwiGLU bwd, router partials)
+ *             -> Q_row, Q_col(dgu) -> Q_col(hw) -> down weight grad -> Q_col(x rows)
  *             -> gate/up dgrad -> gate/up weight grad -> [shared expert, likewise] -> combine,
  *             router gradient
- * Memory that two steps share in the BF16 order (backend.h) is shared in the same order here:
- * the slot rows are written (gate/up dgrad) after the dy rows' last reader (their quantization),
- * the shared expert's fp32 rows after the x rows' (their Q_col).
  */
 #include <string.h>
 
@@ -250,18 +247,25 @@ static mok_status wgrad8(const call *c, int routed, const fp8_rows *F, fp8_opera
   return run8(c, GEMM8_WGRAD, &a, "FP8 weight gradient");
 }
 
-/* Q_row (into row, when given) and Q_col (into col) of bf16 src [rows, cols] (row length ld):
- * the routed rows (up to the schedule's offsets[E_local]) or the shared expert's T. The row
- * codes go `row_at` columns into F's row operand `row` of row length ld_q, their scales
- * row_at / 128 groups in; the column codes `col_at` rows into `col`, their scales `col_at`
- * columns in (of ld_st). */
-static mok_status quant8(const call *c, int routed, const fp8_rows *F, const void *src,
-                         int64_t cols, int64_t ld, const fp8_operand *row, int64_t ld_q,
-                         int64_t row_at, const fp8_operand *col, int64_t ld_st, int64_t col_at) {
+/* The quantization launch of quant8 and quant8_gather. */
+static mok_status quant8_as(const call *c, int routed, const fp8_rows *F, const void *src,
+                            const void *own, int dy, int32_t *filled, int64_t cols, int64_t ld,
+                            const fp8_operand *row, int64_t ld_q, int64_t row_at,
+                            const fp8_operand *col, int64_t ld_st, int64_t col_at) {
   quant_args q;
   memset(&q, 0, sizeof q);
   q.status = c->status;
+  q.filled = filled;
   q.src = (const __nv_bfloat16 *)src;
+  if (!src) { /* the routed rows of x (dy), gathered from their tokens */
+    q.row_src = AT(c->saved, c->S.row_src, int32_t);
+    q.own = (const __nv_bfloat16 *)own;
+    q.peers = table_of(c);
+    q.dy = dy;
+    q.slots_cap = c->slots_cap;
+    q.k = c->k;
+    q.rank = c->rank;
+  }
   q.rows = routed ? (int)c->S.rows_cap : c->T;
   q.cols = (int)cols;
   q.ld_src = (int)ld;
@@ -282,18 +286,33 @@ static mok_status quant8(const call *c, int routed, const fp8_rows *F, const voi
   return MOK_OK;
 }
 
+/* Q_row (into row, when given) and Q_col (into col) of bf16 src [rows, cols] (row length ld):
+ * the routed rows (up to the schedule's offsets[E_local]) or the shared expert's T. The row
+ * codes go `row_at` columns into F's row operand `row` of row length ld_q, their scales
+ * row_at / 128 groups in; the column codes `col_at` rows into `col`, their scales `col_at`
+ * columns in (of ld_st). */
+static mok_status quant8(const call *c, int routed, const fp8_rows *F, const void *src,
+                         int64_t cols, int64_t ld, const fp8_operand *row, int64_t ld_q,
+                         int64_t row_at, const fp8_operand *col, int64_t ld_st, int64_t col_at) {
+  return quant8_as(c, routed, F, src, NULL, 0, NULL, cols, ld, row, ld_q, row_at, col, ld_st,
+                   col_at);
+}
+
+/* The same of the routed rows of this call's x (dy when `dy`), gathered from their tokens: this
+ * rank's from `own`, the others' from their published rows (quant_args); `filled` as there. */
+static mok_status quant8_gather(const call *c, const fp8_rows *F, const void *own, int dy,
+                                int32_t *filled, const fp8_operand *row, const fp8_operand *col) {
+  return quant8_as(c, 1, F, NULL, own, dy, filled, c->H, c->H, row, c->H, 0, col, c->H, 0);
+}
+
 /* ---- forward and backward -------------------------------------------------------------------- */
 mok_status forward8(const call *c, const mok_forward_args *a, int compute_y) {
   const fp8_rows *F = &c->L->f8.routed, *Fs = &c->L->f8.shared;
   const w8 wg = w8_of(c, a->w.fp8, MOK_W_GATE), wu = w8_of(c, a->w.fp8, MOK_W_UP),
            wd = w8_of(c, a->w.fp8, MOK_W_DOWN);
-  __nv_bfloat16 *xr = AT(c->scratch, c->L->xr, __nv_bfloat16);
   void *slots = AT(c->scratch, c->L->slots, void);
   float *ys = AT(c->scratch, c->L->rows_f32, float);
-  const dispatch_args d = dispatch_of(c, (const __nv_bfloat16 *)a->x, xr, NULL, NULL,
-                                      c->status + MOK_STATUS_FILLED);
-  CUDA_TRY(dispatch_launch(&d, c->stream), "dispatch");
-  TRY(quant8(c, 1, F, xr, c->H, c->H, &F->x, c->H, 0, NULL, 0, 0));
+  TRY(quant8_gather(c, F, a->x, 0, c->status + MOK_STATUS_FILLED, &F->x, NULL));
   TRY(gateup8(c, 1, F, &wg, &wu, c->saved + c->S.gu, c->saved + c->S.hw));
   if (c->Is) {
     const w8 sg = w8_of(c, a->w.fp8, MOK_WS_GATE), su = w8_of(c, a->w.fp8, MOK_WS_UP);
@@ -315,8 +334,9 @@ mok_status forward8(const call *c, const mok_forward_args *a, int compute_y) {
   return MOK_OK;
 }
 
-/* One expert kind's backward from its bf16 rows (dy, x) and saved activations (gu, hw):
- * dgrads, then weight gradients. dgu: its bf16 scratch; out: the dx rows (slots or fp32). */
+/* One expert kind's backward from the call's dy and x (routed: their rows gathered by token) and
+ * saved activations (gu, hw): dgrads, then weight gradients. dgu: its bf16 scratch; out: the dx
+ * rows (slots or fp32). */
 static mok_status expert_backward8(const call *c, int routed, const fp8_rows *F, const w8 *wg,
                                    const w8 *wu, const w8 *wd, const void *dy, const void *x,
                                    const void *gu, const void *hw, void *dgu, void *out,
@@ -324,14 +344,16 @@ static mok_status expert_backward8(const call *c, int routed, const fp8_rows *F,
   const int64_t H = c->H, I = wg->N, Ip = up128(I);
   void *dw_gate = routed ? gr->dw_gate : gr->dws_gate, *dw_up = routed ? gr->dw_up : gr->dws_up;
   void *dw_down = routed ? gr->dw_down : gr->dws_down;
-  TRY(quant8(c, routed, F, dy, H, H, &F->x, H, 0, &F->dyT, H, 0));
+  if (routed) TRY(quant8_gather(c, F, dy, 1, NULL, &F->x, &F->dyT));
+  else TRY(quant8(c, 0, F, dy, H, H, &F->x, H, 0, &F->dyT, H, 0));
   TRY(down_dgrad8(c, routed, F, wd, gu, dgu, routed));
   for (int half = 0; half < 2; half++) /* dĝ and dû, each its own groups */
     TRY(quant8(c, routed, F, (const __nv_bfloat16 *)dgu + half * I, I, 2 * I, &F->h, 2 * Ip,
                half * Ip, &F->dgT, 2 * I, half * I));
   TRY(quant8(c, routed, F, hw, I, I, NULL, 0, 0, &F->hT, I, 0));
   TRY(wgrad8(c, routed, F, F->dyT, H, F->hT, I, H, dw_down, NULL, acc));
-  TRY(quant8(c, routed, F, x, H, H, NULL, 0, 0, &F->xT, H, 0));
+  if (routed) TRY(quant8_gather(c, F, x, 0, NULL, NULL, &F->xT));
+  else TRY(quant8(c, 0, F, x, H, H, NULL, 0, 0, &F->xT, H, 0));
   TRY(gateup_dgrad8(c, routed, F, wg, wu, out));
   return wgrad8(c, routed, F, F->dgT, 2 * I, F->xT, H, I, dw_gate, dw_up, acc);
 }
@@ -341,13 +363,8 @@ mok_status backward8(const call *c, const mok_backward_args *a) {
   const w8 wg = w8_of(c, a->w.fp8, MOK_W_GATE), wu = w8_of(c, a->w.fp8, MOK_W_UP),
            wd = w8_of(c, a->w.fp8, MOK_W_DOWN);
   const int acc = a->grad_mode == MOK_GRAD_ACCUMULATE_F32;
-  __nv_bfloat16 *xr = AT(c->scratch, c->L->xr, __nv_bfloat16);
-  __nv_bfloat16 *dyr = AT(c->scratch, c->L->dyr, __nv_bfloat16);
   float *dxs = AT(c->scratch, c->L->rows_f32, float);
-  const dispatch_args d = dispatch_of(c, (const __nv_bfloat16 *)a->x, xr,
-                                      (const __nv_bfloat16 *)a->dy, dyr, NULL);
-  CUDA_TRY(dispatch_launch(&d, c->stream), "dispatch");
-  TRY(expert_backward8(c, 1, F, &wg, &wu, &wd, dyr, xr, c->saved + c->S.gu, c->saved + c->S.hw,
+  TRY(expert_backward8(c, 1, F, &wg, &wu, &wd, a->dy, a->x, c->saved + c->S.gu, c->saved + c->S.hw,
                        AT(c->scratch, c->L->dgu, void), AT(c->scratch, c->L->slots, void),
                        &a->g, acc));
   if (c->Is) {

@@ -9,6 +9,7 @@
 #include "cuda/kernels.h"
 #include "cuda/ptx.cuh"
 #include "fp8.h"
+#include "internal.h"
 
 #define QT 128          /* tile side */
 #define QPAD 8          /* bf16 of padding a row of the tile, against bank conflicts */
@@ -26,6 +27,31 @@ MOK_DEV void tile_load(quant_tile *t, const __nv_bfloat16 *src, int64_t ld, int 
     uint4 x = make_uint4(0, 0, 0, 0);
     if (r0 + r < rows && c0 + c < cols) /* cols is a multiple of 8 */
       x = __ldg((const uint4 *)(src + (size_t)(r0 + r) * ld + c0 + c));
+    *(uint4 *)&t->v[r][c] = x;
+  }
+  __syncthreads();
+}
+
+/* Where routed row r's values are (quant_args: gathered rows), or NULL for zeros. */
+MOK_DEV const __nv_bfloat16 *gathered_row(const quant_args *a, int r) {
+  if (r >= a->rows) return NULL;
+  const int src = a->row_src[r];
+  if (src < 0) return NULL; /* padding */
+  const int owner = src / a->slots_cap, t = src % a->slots_cap / a->k;
+  const __nv_bfloat16 *base =
+      owner == a->rank ? a->own : a->dy ? a->peers->dy[owner] : a->peers->x[owner];
+  return base + (size_t)t * a->ld_src;
+}
+
+/* Tile (r0, c0) of the gathered rows into shared memory, zeros outside. */
+MOK_DEV void tile_gather(quant_tile *t, const quant_args *a, int r0, int c0) {
+  __shared__ const __nv_bfloat16 *row[QT];
+  if (threadIdx.x < QT) row[threadIdx.x] = gathered_row(a, r0 + threadIdx.x);
+  __syncthreads();
+  for (int i = threadIdx.x; i < QT * QT / 8; i += QTHREADS) {
+    const int r = i / (QT / 8), c = (i % (QT / 8)) * 8;
+    uint4 x = make_uint4(0, 0, 0, 0);
+    if (row[r] && c0 + c < a->cols) x = __ldg((const uint4 *)(row[r] + c0 + c));
     *(uint4 *)&t->v[r][c] = x;
   }
   __syncthreads();
@@ -67,9 +93,12 @@ MOK_DEV void half_encode(const quant_tile *t, int line, int h, int along, float 
 __global__ void __launch_bounds__(QTHREADS) quant_kernel(const quant_args a) {
   if (a.status && *a.status) return;
   const int r0 = blockIdx.x * QT, c0 = blockIdx.y * QT;
+  if (a.filled && blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0)
+    *a.filled = MOK_FILLED_ACTIVATIONS;
   if (a.live && r0 >= *a.live) return;
   __shared__ quant_tile t;
-  tile_load(&t, a.src, a.ld_src, a.rows, a.cols, r0, c0);
+  if (a.src) tile_load(&t, a.src, a.ld_src, a.rows, a.cols, r0, c0);
+  else tile_gather(&t, &a, r0, c0);
   const int line = threadIdx.x / 2, h = threadIdx.x % 2;
   if (a.q) { /* Q_row: the row's group c0 / 128 (both threads of a row take the same branch) */
     float m = half_amax(&t, line, h, 0);

@@ -54,7 +54,9 @@ static scratch_layout scratch_layout_of(const mok_workspace *ws, int64_t rows_ca
       mok_take(&c, ranks * ((slots + SCHED_CHUNK - 1) / SCHED_CHUNK) * ws->experts_local * 4);
   L.xr_tag = mok_take(&c, 3 * 8);
   const int64_t f32_bytes = (s->shared_inter ? T : 0) * s->hidden * 4;
-  const int64_t slot_bytes = slots * s->hidden * 2, row_bytes = rows_cap * s->hidden * 2;
+  /* FP8 quantizes routed rows straight from their tokens: it has no bf16 x or dy rows */
+  const int64_t slot_bytes = slots * s->hidden * 2,
+                row_bytes = s->precision == MOK_FP8 ? 0 : rows_cap * s->hidden * 2;
   L.xr = mok_take(&c, mok_max64(row_bytes, f32_bytes));
   L.rows_f32 = L.xr;
   L.dyr = mok_take(&c, pub ? row_bytes : mok_max64(row_bytes, slot_bytes));
