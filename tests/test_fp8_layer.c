@@ -23,6 +23,7 @@
 #include "cpu/cpu.h"
 #include "cpu/ref64.h"
 #include "fp8_oracle.h"
+#include "fp8_scaling.h"
 #include "harness.h"
 
 #define G MOK_FP8_GROUP
@@ -147,31 +148,6 @@ static void vs_bf16_layer(const harness *f, const harness *b, double rel[3 + G_C
   for (int i = 0; i < 3 + G_COUNT; i++) rel[i] = agree_rel(&g[i]), cosine[i] = agree_cos(&g[i]);
 }
 
-/* The powers of two a scaled layer's outputs carry (NULL: none): per group of H (the x side: aH,
- * the dy side: cH), of I (bI) and of I_s (bS), and per token (s, k = 1, no shared expert). */
-typedef struct scaling {
-  const int *aH, *cH, *bI, *bS;
-  const int *s; /* [T] or NULL */
-} scaling;
-
-/* The exponent of output `out` (0..2: y, dx, d_topk_weights; 3..: the weight gradients in mok_grads
- * order) at [e][r][c] (y, dx: token r, column c; d_topk_weights: token r). */
-static int out_exp(const scaling *sc, int out, int64_t r, int64_t c) {
-  if (!sc) return 0;
-  if (sc->s) return out == 0 ? sc->s[r] : out == 2 ? -sc->s[r] : 0;
-  const int w = out - 3;
-  const int *b = w >= GS_GATE ? sc->bS : sc->bI;
-  switch (out) {
-  case 0: return sc->cH[c / G];
-  case 1: return sc->aH[c / G];
-  case 2: return 0;
-  default:
-    if (w == G_GATE || w == GS_GATE) return -sc->aH[c / G];
-    if (w == G_UP || w == GS_UP) return b[r / G] - sc->aH[c / G];
-    return -sc->cH[r / G] - b[c / G]; /* down: [h][i] */
-  }
-}
-
 /* Sampled tokens and gradient rows of a run against ref64 of `precision` (L's own inputs), each
  * value first divided by the power of two its scaling gave it, so that every group counts. */
 static void vs_ref64(const harness *f, mok_precision precision, const scaling *sc, int64_t stride,
@@ -263,81 +239,6 @@ static void accuracy(void) {
 }
 
 /* ---- layers scaled group by group ---------------------------------------------------------- */
-
-static uint16_t times_pow2(uint16_t b, int e) {
-  return mok_f32_to_bf16((float)ldexp(mok_bf16_to_f32(b), e));
-}
-
-/* Scales L's inputs and weights so that its outputs carry out_exp(sc): x and dy by their H
- * groups, u (so hw and dup) by its I groups through W_up's rows, each undone in the weights of
- * the next product block by block; or, per token, the router weight up and dy down. */
-static void scale_layer(mok_host_layer *L, const scaling *sc) {
-  const int64_t H = L->shape.hidden, I = L->shape.inter, Is = L->shape.shared_inter;
-  const int64_t E = L->shape.experts, T = L->tokens;
-  if (sc->s) { /* k = 1 */
-    for (int64_t t = 0; t < T; t++) {
-      L->topk_weights[t] = (float)ldexp(L->topk_weights[t], sc->s[t]);
-      for (int64_t h = 0; h < H; h++) L->dy[t * H + h] = times_pow2(L->dy[t * H + h], -sc->s[t]);
-    }
-    return;
-  }
-  for (int64_t t = 0; t < T; t++)
-    for (int64_t h = 0; h < H; h++) {
-      L->x[t * H + h] = times_pow2(L->x[t * H + h], -sc->aH[h / G]);
-      L->dy[t * H + h] = times_pow2(L->dy[t * H + h], -sc->cH[h / G]);
-    }
-  for (int64_t e = 0; e <= E; e++) { /* e = E: the shared expert */
-    const int64_t n = e < E ? I : Is;
-    if (n == 0) continue;
-    const int *b = e < E ? sc->bI : sc->bS;
-    uint16_t *wg = e < E ? L->w_gate + e * I * H : L->ws_gate;
-    uint16_t *wu = e < E ? L->w_up + e * I * H : L->ws_up;
-    uint16_t *wd = e < E ? L->w_down + e * H * I : L->ws_down;
-    for (int64_t i = 0; i < n; i++)
-      for (int64_t h = 0; h < H; h++) {
-        wg[i * H + h] = times_pow2(wg[i * H + h], sc->aH[h / G]);
-        wu[i * H + h] = times_pow2(wu[i * H + h], sc->aH[h / G] - b[i / G]);
-        wd[h * n + i] = times_pow2(wd[h * n + i], sc->cH[h / G] + b[i / G]);
-      }
-  }
-}
-
-/* Every output of the scaled run against the plain run's times 2^out_exp, bit for bit. */
-static void check_scaled_bits(const harness *plain, const harness *scaled, const scaling *sc,
-                              const char *what) {
-  const mok_shape *s = &plain->L.shape;
-  const int64_t H = s->hidden, I = s->inter, Is = s->shared_inter, k = s->top_k, T = plain->T;
-  int bad = 0;
-  for (int64_t t = 0; t < T; t++) {
-    for (int64_t h = 0; h < H; h++) {
-      const uint16_t y = times_pow2(plain->y[t * H + h], out_exp(sc, 0, t, h));
-      const uint16_t dx = times_pow2(plain->dx[t * H + h], out_exp(sc, 1, t, h));
-      if ((y != scaled->y[t * H + h] || dx != scaled->dx[t * H + h]) && bad++ < 5)
-        CHECK(0, "%s: token %lld column %lld: y %g dx %g, want %g and %g", what, (long long)t,
-              (long long)h, bf(scaled->y[t * H + h]), bf(scaled->dx[t * H + h]), bf(y), bf(dx));
-    }
-    for (int64_t j = 0; j < k; j++) {
-      const float d = (float)ldexp(plain->dtw[t * k + j], out_exp(sc, 2, t, j));
-      if (!same_float(d, scaled->dtw[t * k + j]) && bad++ < 5)
-        CHECK(0, "%s: d_topk_weights[%lld][%lld] %a, want %a", what, (long long)t, (long long)j,
-              scaled->dtw[t * k + j], d);
-    }
-  }
-  for (int w = 0; w < G_COUNT; w++) {
-    const int shared = w >= GS_GATE;
-    const int64_t rows = w == G_DOWN || w == GS_DOWN ? H : shared ? Is : I;
-    const int64_t len = w == G_DOWN ? I : w == GS_DOWN ? Is : H;
-    const uint16_t *a = plain->g[w], *b = scaled->g[w];
-    for (int64_t x = 0; x < plain->g_len[w]; x++) {
-      const int64_t r = x / len % rows, c = x % len;
-      const uint16_t want = times_pow2(a[x], out_exp(sc, 3 + w, r, c));
-      if (want != b[x] && bad++ < 5)
-        CHECK(0, "%s: %s[%lld][%lld][%lld] %g, want %g", what, names[3 + w],
-              (long long)(x / len / rows), (long long)r, (long long)c, bf(b[x]), bf(want));
-    }
-  }
-  CHECK(bad == 0, "%s: %d values differ from the plain layer's, scaled", what, bad);
-}
 
 /* Scaled layers against ref64's FP8 recipe: the accumulation-order tolerances of
  * test_numerics.c (bf16 outputs, and the fp32 d_topk_weights). */

@@ -12,6 +12,7 @@
 #include "bf16.h"
 #include "check.h"
 #include "device.h"
+#include "fp8_scaling.h"
 #include "internal.h"
 
 static mok_shape fp8_shape(int64_t T, int64_t H, int64_t I, int64_t Is, int E, int k) {
@@ -274,6 +275,50 @@ static void determinism(void) {
   harness_fini(&b);
 }
 
+/* The GPU layer plain and scaled group by group (tests/fp8_scaling.h) against each other, bit for
+ * bit: a quantization of the CUDA kernels that takes other groups than DESIGN §8.1's mixes scales
+ * 2^16 apart and fails this, where comparing with the CPU at accumulation-order tolerance cannot
+ * tell (scales are powers of two: a group's extent barely moves the values when they are all of
+ * a size). The CPU test of the same name checks the CPU's groups. */
+static void scaled_case(const mok_shape *shape, int64_t T, uint64_t seed, scaling *sc,
+                        int *s_of_token, const char *what) {
+  harness p, q, po, qo;
+  if (harness_init(&p, shape, T, seed, 0) && harness_init(&q, shape, T, seed, 0) &&
+      harness_init(&po, shape, T, seed, 0) && harness_init(&qo, shape, T, seed, 0)) {
+    if (s_of_token) { /* k = 1: each token's row's block of 128 in its expert's segment */
+      int64_t count[64] = {0};
+      static const int sB[8] = {0, 17, -16, 16, -17, 18, -18, 1};
+      for (int64_t t = 0; t < T; t++) s_of_token[t] = sB[count[p.L.topk_ids[t]]++ / FSG % 8];
+      sc->s = s_of_token;
+    }
+    scale_layer(&q.L, sc); /* the GPU quantizes q's weights as gpu_init uploads them */
+    gpu_once(&p, &po, NULL, MOK_GRAD_WRITE_BF16);
+    gpu_once(&q, &qo, NULL, MOK_GRAD_WRITE_BF16);
+    check_scaled_bits(&po, &qo, sc, what);
+  }
+  harness_fini(&p);
+  harness_fini(&q);
+  harness_fini(&po);
+  harness_fini(&qo);
+}
+
+static void group_scaling(void) {
+  /* 3 groups along H and I (the last 64 wide), 2 along I_s */
+  static const int aH[3] = {0, 17, -16}, cH[3] = {-16, 0, 17}, bI[3] = {16, -17, 0},
+                   bS[2] = {-16, 17};
+  scaling sc = {aH, cH, bI, bS, NULL};
+  const mok_shape s = fp8_shape(64, 320, 320, 192, 4, 2);
+  scaled_case(&s, 64, 901, &sc, NULL, "gpu groups along H and I");
+}
+
+static void row_block_scaling(void) {
+  /* k = 1, 600 tokens on 2 experts: segments of about 300 rows, 3 blocks each */
+  const mok_shape s = fp8_shape(600, 192, 192, 0, 2, 1);
+  int st[600];
+  scaling sc = {NULL, NULL, NULL, NULL, NULL};
+  scaled_case(&s, 600, 902, &sc, st, "gpu blocks of each expert's rows");
+}
+
 /* ||a - b|| / ||b|| and the cosine of a and b over n values of two tensors (bf16 or fp32). */
 typedef struct agree {
   double d2, a2, b2, ab;
@@ -341,6 +386,8 @@ const test_case tests_gpu_fp8[] = {
     {"gpu/fp8_weights_refused_untouched", weights_refused_untouched},
     {"gpu/fp8_layer_vs_cpu_small_shapes", layer_vs_cpu},
     {"gpu/fp8_routing_edges", routing_edges},
+    {"gpu/fp8_layer_commutes_with_group_scaling", group_scaling},
+    {"gpu/fp8_layer_commutes_with_row_block_scaling", row_block_scaling},
     {"gpu/fp8_determinism_recompute_graph", determinism},
     {"gpu/fp8_design_shapes_vs_bf16", design_shapes_vs_bf16},
     {NULL, NULL},
