@@ -4,8 +4,11 @@ Exits 1 unless
   1. the two mok runs give bit-identical loss curves, step for step (D1 through a whole training
      run: router, layers, attention, optimizer);
   2. mok's held-out loss after the run is within --tolerance (2 %) of torch's;
-and reports tokens/s of the whole model and the MoE layers' share of a step for both. Writes
-<out>/curves.json (every run's record) and <out>/curves.png (both curves, where matplotlib is).
+and reports tokens/s of the whole model and the MoE layers' share of a step for both. With --fp8
+a fourth run trains mok's layers in FP8 (DESIGN §8) and
+  3. its held-out loss must be within --tolerance of mok's BF16 run's.
+Writes <out>/curves.json (every run's record) and <out>/curves.png (the curves, where matplotlib
+is).
 
 The tolerance: mok and the PyTorch baseline compute the same function with different roundings
 (mok rounds gate/up to bf16 and applies the router weight before the down projection; near-ties
@@ -49,10 +52,12 @@ def plot(path, runs):
 def main(argv=None, log=print):
     p = train_moe.parser()
     p.add_argument("--tolerance", type=float, default=0.02)
+    p.add_argument("--fp8", action="store_true", help="also train mok in FP8 and compare")
     args = p.parse_args(argv)
     runs = {}
-    for tag, moe in (("mok", "mok"), ("mok-repeat", "mok"), ("torch", "torch")):
-        args.moe, args.tag = moe, tag
+    plan = [("mok", "mok", "bf16"), ("mok-repeat", "mok", "bf16"), ("torch", "torch", "bf16")]
+    for tag, moe, precision in plan + ([("mok-fp8", "mok", "fp8")] if args.fp8 else []):
+        args.moe, args.tag, args.precision = moe, tag, precision
         runs[tag] = train_moe.train(args, log)
     failed = []
     a, b = runs["mok"]["loss_bits"], runs["mok-repeat"]["loss_bits"]
@@ -64,20 +69,30 @@ def main(argv=None, log=print):
     if not rel <= args.tolerance:
         failed.append(f"held-out loss: mok {m:.4f}, torch {t:.4f}, {100 * rel:.2f} % apart "
                       f"(tolerance {100 * args.tolerance:.0f} %)")
+    if args.fp8:
+        f8 = runs["mok-fp8"]["held_out"]
+        rel8 = abs(f8 - m) / m
+        if not rel8 <= args.tolerance:
+            failed.append(f"held-out loss: mok FP8 {f8:.4f}, BF16 {m:.4f}, {100 * rel8:.2f} % "
+                          f"apart (tolerance {100 * args.tolerance:.0f} %)")
     out = Path(args.out) if args.out else None
     why = None
     if out:
         out.mkdir(parents=True, exist_ok=True)
         (out / "curves.json").write_text(json.dumps(runs) + "\n")
-        why = plot(out / "curves.png", {k: runs[k] for k in ("mok", "torch")})
+        why = plot(out / "curves.png", {k: runs[k] for k in ("mok", "torch", "mok-fp8")
+                                        if k in runs})
     log("")
     log(f"device: {runs['mok']['device']}; {runs['mok']['params'] / 1e6:.1f}M parameters, "
         f"{args.steps} steps")
     log(f"mok twice: {'bit-identical' if first is None else 'DIFFERENT'} loss curves")
     log(f"held-out loss: mok {m:.4f}, torch {t:.4f} ({100 * rel:.2f} % apart)")
-    for k in ("mok", "torch"):
+    if args.fp8:
+        log(f"held-out loss: mok FP8 {runs['mok-fp8']['held_out']:.4f} against BF16 {m:.4f} "
+            f"({100 * abs(runs['mok-fp8']['held_out'] - m) / m:.2f} % apart)")
+    for k in [k for k in ("mok", "torch", "mok-fp8") if k in runs]:
         r = runs[k]
-        log(f"{k:5s}: {r['tokens_per_s']:12,.0f} tokens/s ({r['step_ms']:.1f} ms a step), MoE "
+        log(f"{k:7s}: {r['tokens_per_s']:12,.0f} tokens/s ({r['step_ms']:.1f} ms a step), MoE "
             f"layers {100 * r['moe_share']:.0f} % of a step")
     log(f"speed-up of the whole model: {runs['mok']['tokens_per_s'] / runs['torch']['tokens_per_s']:.2f}")
     if out:

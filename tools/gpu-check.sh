@@ -15,7 +15,8 @@
 #       MoE transformer trained 300 steps on the Python standard library's source, twice with mok
 #       and once with the PyTorch MoE; fails unless the two mok loss curves are bit-identical and
 #       mok's held-out loss is within 2 % of torch's; reports tokens/s and the MoE layers' share
-#       of a step ($OUT/train/curves.json, curves.png). Then bench/router.py: fine-7b,
+#       of a step ($OUT/train/curves.json, curves.png); a fourth run in FP8 must come within 2 %
+#       of mok's BF16 held-out loss (its line says so apart). Then bench/router.py: fine-7b,
 #       qwen3-30b-a3b and dsv3 with the router included, mok against a PyTorch router feeding
 #       grouped_mm ($OUT/train/router.json). The router's GPU tests are in `tests`.
 #   sanitize: compute-sanitizer's memcheck and racecheck on the small-shape GPU tests, BF16 and
@@ -85,7 +86,7 @@ if [ "$what" = bench-fp8 ]; then
   step bench-fp8 540 python3 bench/run.py --precision fp8 --no-loop --out "$out"
 fi
 if [ "$what" = train ]; then
-  step train 400 python3 examples/check_training.py --out "$out/train"
+  step train 400 python3 examples/check_training.py --fp8 --out "$out/train"
   step router-bench 300 python3 bench/router.py --out "$out/train"
 fi
 if [ "$what" = fp8 ]; then
