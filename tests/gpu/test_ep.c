@@ -7,13 +7,15 @@
  *     rank's slot_row inverts its row_src for its own slots.
  *   Failures: a rank that never calls (timeout), a bad id on one rank, one rank over its
  *     capacity, a call refused on the host on one rank, and a backward of other tokens than its
- *     saved on one rank each fail every rank with outputs untouched.
+ *     saved on one rank, and ranks making different calls each fail every rank with outputs
+ *     untouched.
  *   Graphs: every rank's forward and backward captured at once and replayed in rank order, twice.
  * Every rank's arguments are slices of one gpu_layer: its tokens' rows of x, dy, y, dx,
  * d_topk_weights and its experts' weights and gradients; the shared expert's gradients are each
  * rank's own partial sums and get buffers of their own.
  */
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -389,6 +391,67 @@ static void saved_of_another_call(void) {
   harness_fini(&poison);
 }
 
+/* One rank's call of a chosen kind, then mok_check; msg keeps the check's message. */
+typedef struct mixed_call {
+  grank *u;
+  int backward;
+  mok_status st, chk;
+  char msg[512];
+} mixed_call;
+
+static void *mixed_main(void *p) {
+  mixed_call *m = p;
+  grank *u = m->u;
+  m->st = m->backward ? mok_backward(u->ws, &u->b, u->stream) : mok_forward(u->ws, &u->f, u->stream);
+  m->chk = mok_check(u->ws, u->stream);
+  snprintf(m->msg, sizeof m->msg, "%s", mok_last_error());
+  return NULL;
+}
+
+/* Rank 0 calls forward while rank 1 calls backward: the opening device barrier sees two kinds of
+ * call (each rank's word carries its kind), every kernel of both calls skips, mok_check reports
+ * MOK_ERR_INVALID_ARG naming both on each rank, no output is written, and the group stays usable:
+ * the next step runs on both ranks. */
+static void different_calls_on_ranks(void) {
+  harness h, got, poison;
+  if (!harness_init(&h, &ep_shape, 256, 25, 0) || !harness_init(&got, &ep_shape, 256, 25, 0) ||
+      !harness_init(&poison, &ep_shape, 256, 25, 0))
+    return;
+  harness_poison(&poison, 0xa5);
+  gpu_layer d;
+  if (gpu_init(&d, &h, 256, NULL)) {
+    gsetup s;
+    if (gsetup_init(&s, &d, 2, 0, 5000)) {
+      run_ranks_with(&s, forward_main); /* rank 1's saved, for its backward */
+      gpu_poison(&d, 0xa5);
+      mixed_call m[2] = {{&s.r[0], 0, MOK_OK, MOK_OK, ""}, {&s.r[1], 1, MOK_OK, MOK_OK, ""}};
+      pthread_t th[2];
+      for (int r = 0; r < 2; r++) pthread_create(&th[r], NULL, mixed_main, &m[r]);
+      for (int r = 0; r < 2; r++) pthread_join(th[r], NULL);
+      for (int r = 0; r < 2; r++)
+        CHECK(m[r].st == MOK_OK && m[r].chk == MOK_ERR_INVALID_ARG &&
+                  strstr(m[r].msg, "different calls") && strstr(m[r].msg, "mok_forward") &&
+                  strstr(m[r].msg, "mok_backward"),
+              "rank %d: call %s, check %s (%s)", r, mok_status_name(m[r].st),
+              mok_status_name(m[r].chk), m[r].msg);
+      gpu_fetch(&d, &got);
+      same_layer_bits("forward on rank 0, backward on rank 1: outputs untouched", &got, &poison,
+                      3);
+      run_ranks(&s);
+      for (int r = 0; r < 2; r++)
+        CHECK(s.r[r].fwd == MOK_OK && s.r[r].bwd == MOK_OK && s.r[r].chk == MOK_OK,
+              "the step after different calls: rank %d %s / %s / %s", r,
+              mok_status_name(s.r[r].fwd), mok_status_name(s.r[r].bwd),
+              mok_status_name(s.r[r].chk));
+    }
+    gsetup_fini(&s);
+  }
+  gpu_fini(&d);
+  harness_fini(&h);
+  harness_fini(&got);
+  harness_fini(&poison);
+}
+
 /* Each rank captures forward and backward in a CUDA graph (the device barriers and the epoch
  * counter inside), the ranks' threads at once; the graphs, replayed twice, give the bits of ep 1
  * each time. */
@@ -433,5 +496,6 @@ const test_case tests_gpu_ep[] = {
     {"gpu/ep_fp8_D4_and_vs_cpu", d4_fp8},
     {"gpu/ep_failures_untouched", failures_untouched},
     {"gpu/ep_saved_of_another_call_untouched", saved_of_another_call},
+    {"gpu/ep_different_calls_untouched", different_calls_on_ranks},
     {NULL, NULL},
 };
