@@ -203,12 +203,17 @@ static void check_slot_row(const gsetup *s, const mok_shape *shape) {
 /* 256 tokens, H 128, I 128, I_s 64, 16 experts, top-4. */
 static const mok_shape ep_shape = {256, 128, 128, 64, 16, 4, MOK_BF16, 0};
 
-/* D4 at ep = 2, 4, 8 against ep = 1, and ep = 1 against the CPU backend, for `shape`. */
-static void d4_of(const mok_shape *shape) {
+/* D4 at ep = 2, 4, 8 against ep = 1, and ep = 1 against the CPU backend, for `shape`; with
+ * `idle`, every token routed to the first half of the experts, so that at every ep the last
+ * ranks have no rows at all. */
+static void d4_of(const mok_shape *shape, int idle) {
   harness ref, one, got;
   if (!harness_init(&ref, shape, 256, 21, 0) || !harness_init(&one, shape, 256, 21, 0) ||
       !harness_init(&got, shape, 256, 21, 0))
     return;
+  if (idle) /* ids j < k of a token stay distinct: 16 experts, top-4, ids 0..7 */
+    for (int64_t i = 0; i < 256 * shape->top_k; i++)
+      ref.L.topk_ids[i] = (int32_t)(i % shape->top_k + 2 * (i / shape->top_k % 2));
   CHECK_OK(harness_run(&ref, MOK_GRAD_WRITE_BF16));
   gpu_layer d;
   if (gpu_init(&d, &ref, 256, NULL)) {
@@ -252,14 +257,15 @@ static void d4_of(const mok_shape *shape) {
   harness_fini(&got);
 }
 
-static void d4_and_reference(void) { d4_of(&ep_shape); }
+static void d4_and_reference(void) { d4_of(&ep_shape, 0); }
 
 /* The FP8 layer: its ranks move bf16 rows and write peers' slots and router partials as BF16's
  * do, and each rank quantizes its own experts' weights. */
 static void d4_fp8(void) {
   mok_shape s = ep_shape;
   s.precision = MOK_FP8;
-  d4_of(&s);
+  d4_of(&s, 0);
+  d4_of(&s, 1); /* ranks without rows: their forward still marks saved filled */
 }
 
 /* Every rank fails the step with `want` (at mok_check; `refused` >= 0: that rank's forward and
