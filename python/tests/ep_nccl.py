@@ -4,7 +4,8 @@
 
 Every rank builds the same global batch (seeded), runs all of it alone on its GPU (no group,
 ep = 1), then its own tokens and experts in the group:
-  - D4: its rows of y, dx, d_topk_weights and its experts' weight gradients equal the ep = 1 bits;
+  - D4: its rows of y, dx, d_topk_weights and its experts' weight gradients equal the ep = 1 bits,
+    in BF16 and in FP8 (whose quantization reads the other ranks' rows through the window);
   - a rank that comes 2 s late: every rank still finishes with the same bits;
   - (N > 1) a rank that never comes: the others raise MokTimeout at mok.check, and mok refuses
     later calls on that group.
@@ -42,10 +43,11 @@ NAMES = ("x", "topk_ids", "topk_weights", "w_gate", "w_up", "w_down", "ws_gate",
 GRADS = ("x", "topk_weights", "w_gate", "w_up", "w_down")
 
 
-def step(ten, group=None, max_tokens=None):
+def step(ten, group=None, max_tokens=None, precision="bf16"):
     """y and the gradients of GRADS (bf16/fp32 tensors) of one forward and backward."""
     leaves = {n: ten[n].clone().requires_grad_(n in GRADS) for n in NAMES}
-    y = mok.moe(*(leaves[n] for n in NAMES), group=group, max_tokens=max_tokens)
+    y = mok.moe(*(leaves[n] for n in NAMES), group=group, max_tokens=max_tokens,
+                precision=precision)
     y.backward(ten["dy"])
     return {"y": y.detach(), **{"d" + n: leaves[n].grad for n in GRADS}}
 
@@ -70,19 +72,20 @@ def run(pg, failures=True):
     rank, ranks = dist.get_rank(pg), dist.get_world_size(pg)
     dev = torch.device("cuda", torch.cuda.current_device())
     ten = global_batch(ranks, dev)
-    one = step(ten)
     group = mok.ep_group(pg, timeout_ms=5000)
     mine = rank_slice(ten, rank, ranks)
     el = E // ranks
-    want = {"y": one["y"][rank * T_RANK:(rank + 1) * T_RANK],
-            "dx": one["dx"][rank * T_RANK:(rank + 1) * T_RANK],
-            "dtopk_weights": one["dtopk_weights"][rank * T_RANK:(rank + 1) * T_RANK],
-            **{"d" + n: one["d" + n][rank * el:(rank + 1) * el] for n in GRADS[2:]}}
     bad = []
-    for trial in ("D4", "late rank"):
+    for trial in ("D4", "late rank", "fp8 D4"):
+        precision = "fp8" if trial.startswith("fp8") else "bf16"
+        one = step(ten, precision=precision)
+        want = {"y": one["y"][rank * T_RANK:(rank + 1) * T_RANK],
+                "dx": one["dx"][rank * T_RANK:(rank + 1) * T_RANK],
+                "dtopk_weights": one["dtopk_weights"][rank * T_RANK:(rank + 1) * T_RANK],
+                **{"d" + n: one["d" + n][rank * el:(rank + 1) * el] for n in GRADS[2:]}}
         if trial == "late rank" and rank == ranks - 1:
             time.sleep(2.0)
-        got = step(mine, group, T_RANK)
+        got = step(mine, group, T_RANK, precision)
         mok.check(dev)
         fails = [f for n in want for f in same(n, got[n], want[n])]
         print(f"rank {rank}/{ranks} {trial}: {'ok' if not fails else 'FAIL ' + ', '.join(fails)}",
