@@ -327,8 +327,8 @@ static void weight_spans(const mok_workspace *ws, const void *const p[6], int by
   for (int i = 0; i < 6; i++) t[i] = (span){p[i], i < 3 ? routed : shared, names[i]};
 }
 
-static mok_status check_call(const mok_workspace *ws, const void *args, const char *type) {
-  (void)ws; /* checked by ws_enter */
+/* (The workspace was checked by ws_enter.) */
+static mok_status check_args(const void *args, const char *type) {
   CHECK_ARG(args != NULL, "args is NULL; expected a %s", type);
   return MOK_OK;
 }
@@ -344,7 +344,7 @@ static mok_status check_inputs(const mok_workspace *ws, int64_t tokens, const vo
 }
 
 static mok_status check_forward(const mok_workspace *ws, const mok_forward_args *a, int need_y) {
-  TRY(check_call(ws, a, "mok_forward_args"));
+  TRY(check_args(a, "mok_forward_args"));
   TRY(check_inputs(ws, a->tokens, a->x, a->topk_ids, a->topk_weights, &a->w));
   if (need_y) CHECK_TENSOR(a->y, "y");
   TRY(check_saved(a->saved));
@@ -406,7 +406,7 @@ static mok_status turn_give(const mok_workspace *ws, mok_status st) {
 }
 
 static mok_status check_schedule(const mok_workspace *ws, const mok_forward_args *a) {
-  TRY(check_call(ws, a, "mok_forward_args"));
+  TRY(check_args(a, "mok_forward_args"));
   TRY(check_tokens(ws, a->tokens));
   CHECK_TENSOR(a->topk_ids, "topk_ids");
   CHECK_TENSOR(a->topk_weights, "topk_weights");
@@ -442,7 +442,7 @@ mok_status mok_recompute(mok_workspace *ws, const mok_forward_args *a, void *str
 }
 
 static mok_status check_backward(const mok_workspace *ws, const mok_backward_args *a) {
-  TRY(check_call(ws, a, "mok_backward_args"));
+  TRY(check_args(a, "mok_backward_args"));
   TRY(check_inputs(ws, a->tokens, a->x, a->topk_ids, a->topk_weights, &a->w));
   TRY(check_saved(a->saved));
   CHECK_TENSOR(a->dy, "dy");
