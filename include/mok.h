@@ -294,6 +294,19 @@ typedef struct mok_fp8_given {  /* the shared expert's: all NULL when I_s = 0 */
 mok_status mok_fp8_weights_import(mok_workspace *ws, const mok_fp8_given *w, void *fp8,
                                   void *stream);
 
+/* ---- MXFP8 inputs (DESIGN.md §8.5) ---------------------------------------------------------- */
+/* MXFP8 rows (OCP Microscaling v1.0, e4m3 elements) to the bf16 the layer takes: x, dy, or a
+ * weight tensor [E, N, K] as E * N rows of K. q [rows, k] e4m3 codes; scales [rows, k / 32] E8M0
+ * bytes, one per 32 consecutive values of a row (byte b: 2^(b - 127)); out [rows, k] bf16 <-
+ * decode(q) * 2^(b - 127), exact unless it is finer than bf16's least step 2^-133 (only with
+ * scale bytes 0..2: it then rounds to nearest even). k a multiple of 32; q and out 16-byte
+ * aligned (scales may start at any byte), out apart from q and scales. A block with scale byte
+ * 0xff (NaN) or a value of 2^128 or more (beyond bf16) is refused with MOK_ERR_INVALID_ARG and
+ * out left untouched: at once on the CPU backend; on the CUDA backend, which checks on the
+ * device, from mok_check. Any workspace (BF16 or FP8); queued on `stream`. */
+mok_status mok_mxfp8_to_bf16(mok_workspace *ws, int64_t rows, int64_t k, const void *q,
+                             const void *scales, void *out, void *stream);
+
 /* ---- the router (DESIGN.md §1.2) ------------------------------------------------------------ */
 /* logits = x W_r^T, scores by softmax or sigmoid, an optional bias that steers the choice only,
  * optional group-limited choice, top-k (ties: the lower expert id), optional renormalisation and

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "fp8.h"
 #include "internal.h"
 
 #define CHECK_ARG(cond, ...)                                   \
@@ -504,6 +505,10 @@ static mok_status fail_for_bits(const mok_workspace *ws, int32_t bits) {
                     "workspace filled for its tokens, topk_ids and topk_weights, or one "
                     "overwritten since (on this rank or another of the EP group); expected the "
                     "inputs and the saved of one forward; its outputs were left untouched");
+  if (bits & MOK_DEVERR_MXFP8)
+    return mok_fail(MOK_ERR_INVALID_ARG,
+                    "a mok_mxfp8_to_bf16 call met a block with scale byte 0xff (NaN) or a value "
+                    "of 2^128 or more (beyond bf16); its output was left untouched");
   if (bits & MOK_DEVERR_PEER_ARG)
     return mok_fail(MOK_ERR_INVALID_ARG, "a call was refused on another rank of the EP group for "
                                          "a bad argument; it was left undone on every rank");
@@ -611,4 +616,26 @@ mok_status mok_fp8_weights_import(mok_workspace *ws, const mok_fp8_given *w, voi
   TRY(check_fp8_matrix(ws, &w->ws_up, 1, "ws_up"));
   TRY(check_fp8_matrix(ws, &w->ws_down, 1, "ws_down"));
   return mok_done(ws->ctx->ops->fp8_weights(ws, NULL, w, fp8, stream));
+}
+
+mok_status mok_mxfp8_to_bf16(mok_workspace *ws, int64_t rows, int64_t k, const void *q,
+                             const void *scales, void *out, void *stream) {
+  TRY(check_ws(ws));
+  CHECK_ARG(k >= MOK_MX_BLOCK && k % MOK_MX_BLOCK == 0,
+            "k is %lld; expected a positive multiple of %d (one E8M0 scale per %d values)",
+            (long long)k, MOK_MX_BLOCK, MOK_MX_BLOCK);
+  CHECK_ARG(rows >= 1 && rows <= ((int64_t)1 << 60) / k,
+            "rows is %lld; expected 1..2^60 / k (k = %lld)", (long long)rows, (long long)k);
+  CHECK_TENSOR(q, "q");
+  CHECK_ARG(scales != NULL, "scales is NULL; expected E8M0 bytes [rows, k / 32]");
+  CHECK_TENSOR(out, "out");
+  const span in[2] = {{q, rows * k, "q"}, {scales, rows * (k / MOK_MX_BLOCK), "scales"}};
+  const uintptr_t o0 = (uintptr_t)out, o1 = o0 + (uintptr_t)(rows * k * 2);
+  for (int i = 0; i < 2; i++) {
+    const uintptr_t p0 = (uintptr_t)in[i].p, p1 = p0 + (uintptr_t)in[i].bytes;
+    CHECK_ARG(p1 <= o0 || o1 <= p0,
+              "%s [%p, +%lld bytes) overlaps out [%p, +%lld bytes); expected them apart",
+              in[i].name, in[i].p, (long long)in[i].bytes, out, (long long)(rows * k * 2));
+  }
+  return mok_done(ws->ctx->ops->mxfp8_to_bf16(ws, rows, k, q, scales, out, stream));
 }

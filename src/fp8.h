@@ -12,12 +12,19 @@
  * [-126, 126] so that 2^e and 2^-e are both normal fp32 numbers; a group of zeros gets e = 0.
  * Dividing by a power of two is exact (short of fp32 underflow, which e4m3 rounds to zero
  * anyway), so a value's e4m3 code depends only on the value and its group's amax.
+ *
+ * MXFP8 (OCP Microscaling v1.0 with e4m3 elements, DESIGN.md §8.5): a row in blocks of 32
+ * consecutive values, each one E8M0 scale byte b, standing for 2^(b - 127) (0xff: NaN), and 32
+ * e4m3 codes. Its rules: a block's values in fp32 and bf16, and the re-base of four blocks onto
+ * one 1 x 128 group's power of two.
  */
 #ifndef MOK_FP8_H
 #define MOK_FP8_H
 
 #include <stdint.h>
 #include <string.h>
+
+#include "bf16.h"
 
 #ifdef __CUDACC__
 #define MOK_FP8_FN __host__ __device__ static inline
@@ -93,6 +100,70 @@ MOK_FP8_FN float mok_e4m3_decode(uint8_t q) {
   if (e == 0xf && m == 7) return mok_bits_f32(sign | 0x7fc00000u); /* NaN */
   if (e == 0) return mok_bits_f32(sign | mok_f32_bits((float)m * (1.0f / 512.0f)));
   return mok_bits_f32(sign | (e - 7 + 127) << 23 | m << 20);
+}
+
+/* ---- MXFP8 ----------------------------------------------------------------------------------- */
+#define MOK_MX_BLOCK 32    /* values per E8M0 scale, along a row */
+#define MOK_E8M0_NAN 0xff
+/* Up to this scale byte no code's value reaches 2^128 (448 * 2^119 < 2^128 <= 448 * 2^120), so
+ * the block fits fp32 and bf16 whatever its codes. */
+#define MOK_E8M0_FITS 246
+
+/* decode(q) * 2^(b - 127) in fp32, for b != 0xff: exact below 2^128 in magnitude (its step,
+ * 2^-136 at the least, is above fp32's 2^-149), +-inf from 2^128 on. Two multiplications by
+ * powers of two in [2^-64, 2^64], the first exact, since 2^(b - 127) is no normal fp32 for b = 0.
+ * A NaN code gives the NaN of its sign without arithmetic, which need not keep the sign (the
+ * GPU's multiply gives one canonical NaN), so that both backends write the same bytes. */
+MOK_FP8_FN float mok_mx_decode(uint8_t q, uint8_t b) {
+  if ((q & 0x7f) == 0x7f) return mok_e4m3_decode(q);
+  const int e = (int)b - 127, e1 = e / 2;
+  return mok_e4m3_decode(q) * mok_pow2f(e1) * mok_pow2f(e - e1);
+}
+
+/* The bf16 bits of that value: exact unless it is not a multiple of 2^-133, bf16's least step
+ * (only for b <= 2), where it rounds to nearest even. */
+MOK_FP8_FN uint16_t mok_mx_to_bf16(uint8_t q, uint8_t b) {
+  return f32_to_bf16(mok_mx_decode(q, b));
+}
+
+/* Whether a block (32 codes q, scale byte b) can be decoded: b is not NaN and no value reaches
+ * 2^128 (no bf16 or fp32 holds it). Reads the codes only for bytes above MOK_E8M0_FITS. */
+MOK_FP8_FN int mok_mx_block_ok(const uint8_t *q, uint8_t b) {
+  if (b == MOK_E8M0_NAN) return 0;
+  if (b <= MOK_E8M0_FITS) return 1;
+  for (int i = 0; i < MOK_MX_BLOCK; i++)
+    if ((mok_f32_bits(mok_mx_decode(q[i], b)) & 0x7fffffffu) == 0x7f800000u) return 0;
+  return 1;
+}
+
+/* e4m3(decode(q) * 2^-d), d >= 0, rounded as mok_e4m3_encode: a code of a block whose scale is
+ * 2^d times below the one it is re-based onto. Zero codes stay as they are (a block of zeros may
+ * have any scale, d < 0 included), NaN becomes 0x7f, and from d = 25 on every other code
+ * rounds to zero (448 * 2^-25 < 2^-10). */
+MOK_FP8_FN uint8_t mok_mx_shift(uint8_t q, int d) {
+  if ((q & 0x7f) == 0) return q;
+  if ((q & 0x7f) == 0x7f) return 0x7f;
+  if (d > 24) return (uint8_t)(q & 0x80);
+  return mok_e4m3_encode(mok_e4m3_decode(q) * mok_pow2f(-d));
+}
+
+/* Re-bases one 1 x 128 group of MXFP8 onto one power of two 2^E: nb = 1..4 blocks of codes
+ * q[32 nb] and scale bytes b[nb] (none 0xff). E is the largest b_j - 127 of a block whose codes
+ * are not all zeros (0 when all are, mok's scale of zeros), and code i of block j becomes
+ * mok_mx_shift(q[i], E - (b_j - 127)) in out[i]. Returns E, in [-127, 127]. DESIGN §8.5 says
+ * when this is lossless and how it compares with Q_row of the same values. */
+MOK_FP8_FN int mok_mx_rebase(const uint8_t *q, const uint8_t *b, int nb, uint8_t *out) {
+  int E = -128;
+  for (int j = 0; j < nb; j++) {
+    int zeros = 1;
+    for (int i = 0; i < MOK_MX_BLOCK; i++) zeros &= (q[j * MOK_MX_BLOCK + i] & 0x7f) == 0;
+    if (!zeros && (int)b[j] - 127 > E) E = (int)b[j] - 127;
+  }
+  if (E == -128) E = 0;
+  for (int j = 0; j < nb; j++)
+    for (int i = 0; i < MOK_MX_BLOCK; i++)
+      out[j * MOK_MX_BLOCK + i] = mok_mx_shift(q[j * MOK_MX_BLOCK + i], E - ((int)b[j] - 127));
+  return E;
 }
 
 #endif /* MOK_FP8_H */

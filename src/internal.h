@@ -53,7 +53,9 @@ enum { MOK_DEVERR_NONE = 0, MOK_DEVERR_EXPERT_ID = 1, MOK_DEVERR_CAPACITY = 2,
        MOK_DEVERR_PEER_ARG = 8, /* a rank of the EP group had this call refused by api.c */
        MOK_DEVERR_SAVED = 16, /* a backward's saved was not filled by its forward (or recompute)
                                * (the CUDA backend's check; the CPU one refuses it on the host) */
-       MOK_DEVERR_PEER_CALL = 32 /* the ranks of the EP group made different calls at once */ };
+       MOK_DEVERR_PEER_CALL = 32, /* the ranks of the EP group made different calls at once */
+       MOK_DEVERR_MXFP8 = 64 /* mok_mxfp8_to_bf16 met a NaN scale byte or a value of 2^128 or
+                              * more (the CUDA backend's check; the CPU one refuses at once) */ };
 
 /* The kinds of call a workspace takes (api.c sets mok_workspace.call). The group's barriers carry
  * the caller's kind, as bit MOK_CALL_SHIFT + kind of a word the ranks OR together, so ranks that
@@ -333,6 +335,10 @@ typedef struct mok_backend_ops {
    * codes and scales given (w NULL), with the transposed codes. */
   mok_status (*fp8_weights)(mok_workspace *ws, const mok_weights *w, const mok_fp8_given *given,
                             void *fp8, void *stream);
+  /* mok_mxfp8_to_bf16 (DESIGN §8.5): out <- the bf16 values of MXFP8 rows, or nothing written
+   * when a block cannot be decoded (mok_mx_block_ok). */
+  mok_status (*mxfp8_to_bf16)(mok_workspace *ws, int64_t rows, int64_t k, const void *q,
+                              const void *scales, void *out, void *stream);
 } mok_backend_ops;
 
 /* ---- the router (router.c; DESIGN §1.2) ----------------------------------------------------- */

@@ -168,4 +168,5 @@ const mok_backend_ops mok_cpu_ops = {
     .refuse = cpu_refuse,
     .device_barriers = 0,
     .fp8_weights = cpu_fp8_weights,
+    .mxfp8_to_bf16 = cpu_mxfp8_to_bf16,
 };

@@ -173,4 +173,10 @@ void cpu_q_rows_bf16(const mok_workspace *ws, float *dst, const uint16_t *src, i
  * first. */
 void cpu_q_col(float *v, int64_t rows, int64_t stride);
 
+/* ---- mxfp8.c: MXFP8 inputs (DESIGN §8.5) ----------------------------------------------------- */
+/* The backend op mxfp8_to_bf16: every block checked first (mok_mx_block_ok), then decoded; a
+ * refused call writes nothing. */
+mok_status cpu_mxfp8_to_bf16(mok_workspace *ws, int64_t rows, int64_t k, const void *q,
+                             const void *scales, void *out, void *stream);
+
 #endif /* MOK_CPU_H */

@@ -9,7 +9,8 @@
  *             down dgrad, gate/up dgrad, the two weight grads] -> combine, router gradient
  * Files: context.cu (device, context, check), workspace.cu (scratch memory, the EP table, NCCL
  * windows), products.cu (the arguments of each GEMM product), layer.cu (forward, recompute,
- * backward: the order of the launches, the group's barriers; the ops table).
+ * backward: the order of the launches, the group's barriers; the ops table), mxfp8.cu (MXFP8
+ * rows to bf16).
  * The workspace lets buffers whose uses do not overlap in this order share memory
  * (scratch_layout): products run side by side (a side stream, a fused launch) would need them
  * apart again.
@@ -76,6 +77,7 @@ typedef struct scratch_layout {
   size_t bstatus;       /* int32 [MOK_BSTATUS_WORDS]: backward's status, the forward's as checked
                          * by saved_open (the group's barrier adds to it without touching saved) */
   size_t rstatus;       /* int32 [4]: the error word of a call refused on the host */
+  size_t mx;            /* int32: the verdict of the mok_mxfp8_to_bf16 call in flight (mxfp8.cu) */
   size_t table;         /* ep_table: every rank's symmetric buffers */
   size_t flags;         /* u64 [2][EP_MAX]: barrier words the ranks write here (ep.cu) */
   size_t epoch;         /* u32: barriers passed */
@@ -197,5 +199,8 @@ mok_status forward8(const call *c, const mok_forward_args *a, int compute_y);
 mok_status backward8(const call *c, const mok_backward_args *a);
 mok_status cuda_fp8_weights(mok_workspace *ws, const mok_weights *w, const mok_fp8_given *given,
                             void *fp8, void *stream);
+/* mxfp8.cu */
+mok_status cuda_mxfp8_to_bf16(mok_workspace *ws, int64_t rows, int64_t k, const void *q,
+                              const void *scales, void *out, void *stream);
 
 #endif /* MOK_CUDA_BACKEND_H */

@@ -58,6 +58,7 @@ mok_status cuda_context_init(mok_context *ctx) {
   if (e == cudaSuccess) e = rows_preload();
   if (e == cudaSuccess) e = schedule_preload();
   if (e == cudaSuccess) e = router_preload();
+  if (e == cudaSuccess) e = mxfp8_preload();
   device_leave(ctx, &g);
   if (e != cudaSuccess) return cuda_fail(e, "GEMM kernel attributes");
   ctx->sm_count = p.multiProcessorCount;

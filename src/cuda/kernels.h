@@ -337,6 +337,7 @@ cudaError_t quant_preload(void);
 cudaError_t rows_preload(void);
 cudaError_t schedule_preload(void);
 cudaError_t router_preload(void); /* router.cu */
+cudaError_t mxfp8_preload(void); /* mxfp8.cu */
 
 /* ---- the forward's layer launch (gemm_kernels.cu) ------------------------------------------ */
 /* Everything of the forward after the schedule, as phases of one launch with every CTA at a grid

@@ -308,5 +308,6 @@ extern "C" const mok_backend_ops mok_cuda_ops = {.name = "cuda",
                                                  .group_ready = cuda_group_ready,
                                                  .refuse = cuda_refuse,
                                                  .device_barriers = 1,
-                                                 .fp8_weights = cuda_fp8_weights};
+                                                 .fp8_weights = cuda_fp8_weights,
+                                                 .mxfp8_to_bf16 = cuda_mxfp8_to_bf16};
 

@@ -40,6 +40,7 @@ static scratch_layout scratch_layout_of(const mok_workspace *ws, int64_t rows_ca
   L.sticky = mok_take(&c, 16);
   L.bstatus = mok_take(&c, MOK_BSTATUS_WORDS * 4);
   L.rstatus = mok_take(&c, 16);
+  L.mx = mok_take(&c, 16);
   L.table = mok_take(&c, sizeof(ep_table));
   L.flags = mok_take(&c, 2 * EP_MAX * 8);
   L.epoch = mok_take(&c, 16);
