@@ -3,6 +3,7 @@
 Without torch (numpy arrays, CPU backend):
     y, saved = mok.forward(x, topk_ids, topk_weights, w_gate, w_up, w_down)
     grads = mok.backward(dy, x, topk_ids, topk_weights, w_gate, w_up, w_down, saved=saved)
+    x = mok.mxfp8_to_bf16(codes, scales)   # MXFP8 inputs (uint8 arrays) to bf16 bits
 With torch (CPU tensors -> CPU backend, CUDA tensors -> CUDA backend), with autograd:
     y = mok.moe(x, topk_ids, topk_weights, w_gate, w_up, w_down)
     layer = mok.MoELayer(hidden, inter, experts, top_k)
@@ -20,14 +21,14 @@ from ._lib import (MokAlignmentError, MokCapacityError, MokCudaError, MokError, 
 from ._lib import lib as _clib
 from .bf16 import bf16_to_f32, f32_to_bf16, round_bf16
 from .core import Context, Dims, EPGroup, Workspace, clear_cache, cuda_device_count, nccl_id
-from .numpy_api import Grads, Layer, aligned_empty, backward, forward
+from .numpy_api import Grads, Layer, aligned_empty, backward, forward, mxfp8_to_bf16
 
 __all__ = ["MokAlignmentError", "MokCapacityError", "MokCudaError", "MokError", "MokExpertIdError",
            "MokInternalError", "MokInvalidArgument", "MokNcclError", "MokOutOfMemory", "MokTimeout",
            "MokUnsupported", "library_path", "bf16_to_f32", "f32_to_bf16", "round_bf16", "Context",
            "Dims", "EPGroup", "Workspace", "clear_cache", "cuda_device_count", "nccl_id", "Grads",
-           "Layer", "aligned_empty", "backward", "forward", "moe", "MoELayer", "check", "set_debug",
-           "ep_group", "Router", "RouterOutput", "route"]
+           "Layer", "aligned_empty", "backward", "forward", "mxfp8_to_bf16", "moe", "MoELayer",
+           "check", "set_debug", "ep_group", "Router", "RouterOutput", "route"]
 
 __version__ = "%d.%d.%d" % (_clib.mok_version() // 10000, _clib.mok_version() // 100 % 100,
                             _clib.mok_version() % 100)

@@ -154,6 +154,8 @@ _PROTOTYPES = {
     "mok_fp8_weights_bytes": (c_size_t, [c_void_p]),
     "mok_quantize_weights": (c_int, [c_void_p, POINTER(Weights), c_void_p, c_void_p]),
     "mok_fp8_weights_import": (c_int, [c_void_p, POINTER(FP8Given), c_void_p, c_void_p]),
+    "mok_mxfp8_to_bf16": (c_int, [c_void_p, c_int64, c_int64, c_void_p, c_void_p, c_void_p,
+                                  c_void_p]),
     "mok_router_create": (c_int, [c_void_p, POINTER(RouterConfig), POINTER(c_void_p)]),
     "mok_router_destroy": (None, [c_void_p]),
     "mok_router_saved_bytes": (c_size_t, [c_void_p, c_int64]),

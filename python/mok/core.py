@@ -201,6 +201,12 @@ class Workspace:
         with self.lock:
             check(lib.mok_backward(self.ptr, ctypes.byref(a), _ptr(stream)), "mok_backward")
 
+    def mxfp8_to_bf16(self, rows, k, q, scales, out, stream=0):
+        """out [rows, k] bf16 <- MXFP8 codes q [rows, k] with E8M0 scales [rows, k / 32]."""
+        with self.lock:
+            check(lib.mok_mxfp8_to_bf16(self.ptr, int(rows), int(k), _ptr(q), _ptr(scales),
+                                        _ptr(out), _ptr(stream)), "mok_mxfp8_to_bf16")
+
     def check(self, stream=0):
         """Waits for `stream` and raises any device-side error (bad expert id, capacity)."""
         with self.lock:

@@ -240,6 +240,35 @@ def _host_only(backend):
                          f"use mok.moe with CUDA tensors for the CUDA backend")
 
 
+# mok_mxfp8_to_bf16 needs a workspace of the CPU backend, of any shape: this small one, cached.
+_MX_DIMS = core.Dims(hidden=64, inter=64, shared_inter=0, experts=1, top_k=1)
+
+
+def mxfp8_to_bf16(q, scales):
+    """MXFP8 to bf16 bits (DESIGN.md §8.5): q [..., K] uint8 e4m3 codes, scales [..., K / 32]
+    uint8 E8M0 bytes (one per 32 consecutive values along the last axis). Returns uint16 bf16
+    bits of q's shape, exact unless a value is finer than 2^-133 (scale bytes 0..2). A scale byte
+    0xff or a value of 2^128 or more raises MokInvalidArgument."""
+    for name, a in (("q", q), ("scales", scales)):
+        if not isinstance(a, np.ndarray) or a.dtype != np.uint8:
+            raise TypeError(f"mxfp8_to_bf16: {name} must be a uint8 numpy array, got "
+                            f"{getattr(a, 'dtype', type(a).__name__)}")
+    if q.ndim == 0 or q.shape[-1] % 32 or q.shape[-1] == 0:
+        raise ValueError(f"mxfp8_to_bf16: q has shape {q.shape}; its last axis must be a positive "
+                         f"multiple of 32")
+    want = q.shape[:-1] + (q.shape[-1] // 32,)
+    if scales.shape != want:
+        raise ValueError(f"mxfp8_to_bf16: scales has shape {scales.shape}; expected {want}")
+    q, scales = np.ascontiguousarray(q), np.ascontiguousarray(scales)
+    out = np.empty(q.shape, dtype=np.uint16)
+    k = q.shape[-1]
+    rows = q.size // k
+    if rows:
+        core.workspace(_MX_DIMS, 1, "cpu").mxfp8_to_bf16(rows, k, q.ctypes.data,
+                                                        scales.ctypes.data, out.ctypes.data)
+    return out
+
+
 def forward(x, topk_ids, topk_weights, w_gate, w_up, w_down, ws_gate=None, ws_up=None,
             ws_down=None, *, backend="cpu", check_ids=True, precision="bf16"):
     """y = shared(x) + sum_j topk_weights[:, j] * expert_{topk_ids[:, j]}(x) on the CPU backend,
