@@ -218,6 +218,10 @@ STUB
   check cli/gpu_check_fp8 1 '\| fine-7b \| [0-9.]+ \| [0-9.]+ \| [0-9.]+ \| [0-9.]+ \| [0-9]+ \| [0-9.]+ \| yes/yes \|' -- \
     env SHAPES=fine-7b FP8_ARGS="--backend cpu --scale 1/64 --warmup 0 --repeat 1" \
     OUT="$tmp/gf" tools/gpu-check.sh fp8
+  # actmem: bench/actmem.py on the GPU (here it says there is none).
+  python3 -c 'import torch' 2>/dev/null &&
+    check cli/gpu_check_actmem 1 'actmem.py --device cuda.*no CUDA device.*actmem +FAIL' -- \
+      env OUT="$tmp/gm" tools/gpu-check.sh actmem
   # sanitize: memcheck and racecheck of the small-shape tests (BF16, FP8), through a recording
   # stand-in.
   printf '#!/bin/sh\necho "$*" >>"$OUT/sanitizer"\n' >"$tmp/stub/compute-sanitizer"

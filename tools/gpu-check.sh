@@ -2,8 +2,8 @@
 # gpu-check.sh: the one command for the device (make gpu-check). Builds everything, runs the GPU
 # tests, the Python tests (torch, CUDA) and the benchmark, writes full logs under $OUT (or
 # results/ when $OUT is unset) and prints a short summary last; exit status 1 if a step failed.
-# Usage: tools/gpu-check.sh [tests|bench|all|sanitize|train|fp8|bench-fp8|ep|ep-tests|ep-bench]
-#        (default all)
+# Usage: tools/gpu-check.sh [tests|bench|all|sanitize|train|fp8|bench-fp8|ep|ep-tests|ep-bench|
+#        actmem] (default all)
 #   fp8: the FP8 layer's GPU tests (test_gpu fp8), then `mok bench` of each shape at bf16 and at
 #       fp8, one process each, and tools/fp8_table.py's table of the two (SHAPES: the shapes,
 #       default all six; FP8_ARGS: more options for mok bench).
@@ -28,13 +28,15 @@
 #       ends and leaves its log under $OUT, so a cut-off run still says how far it got; and
 #       ep-tests (the tests alone) and ep-bench (the benchmark alone) split it in two calls.
 #       bench/ep.py writes its tables after every measurement, into $OUT/ep.
+#   actmem: bench/actmem.py --device cuda: activation memory per token, mok's saved against what
+#       autograd keeps for the PyTorch baselines (on the GPU), and mok's CUDA workspace; not in all.
 # Where the logs come to more than 8 files (what the device returns), they end packed in
 # $OUT/logs.tgz.
 set -uo pipefail
 what=${1:-all}
 case "$what" in
-  tests | bench | all | sanitize | train | fp8 | bench-fp8 | ep | ep-tests | ep-bench) ;;
-  *) echo "usage: tools/gpu-check.sh [tests|bench|all|sanitize|train|fp8|bench-fp8|ep|ep-tests|ep-bench]" >&2
+  tests | bench | all | sanitize | train | fp8 | bench-fp8 | ep | ep-tests | ep-bench | actmem) ;;
+  *) echo "usage: tools/gpu-check.sh [tests|bench|all|sanitize|train|fp8|bench-fp8|ep|ep-tests|ep-bench|actmem]" >&2
      exit 2 ;;
 esac
 out=${OUT:-results}
@@ -84,6 +86,9 @@ if [ "$what" = bench ] || [ "$what" = all ]; then
 fi
 if [ "$what" = bench-fp8 ]; then
   step bench-fp8 540 python3 bench/run.py --precision fp8 --no-loop --out "$out"
+fi
+if [ "$what" = actmem ]; then
+  step actmem 300 python3 bench/actmem.py --device cuda
 fi
 if [ "$what" = train ]; then
   step train 400 python3 examples/check_training.py --fp8 --out "$out/train"

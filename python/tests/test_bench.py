@@ -96,3 +96,37 @@ def test_kernels_figure_draws(tmp_path):
                            str(out)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_actmem_smoke():
+    """bench/actmem.py on the tiny shapes: mok's column is mok_saved_bytes / T, the same at FP8
+    (and on the CUDA backend where there is one); the baselines keep what their autograd graph
+    says, per routed row: x's row (bf16), g, silu(g), u and h (bf16), the combine's fp32 copy of
+    the output row and its weighted product (fp32), the row's token and order (int64) and weight
+    (fp32); per token the shared expert's g, silu(g), u and h."""
+    torch = pytest.importorskip("torch")
+    import actmem
+    import layers
+    from shapes import SMOKE
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "actmem.py"), "--smoke"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = {line.split(" | ")[0][2:]: line.split(" | ") for line in proc.stdout.splitlines()
+            if line.startswith("| smoke")}
+    assert set(rows) == {s.name for s in SMOKE}, proc.stdout
+    devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+    for s in SMOKE:
+        saved = {d: actmem.mok_saved(s, d)[0] for d in devices}
+        ctx = actmem.mok.core.Context("cpu")
+        dims = (s.H, s.I, s.I_s, s.E, s.k)
+        bf16, fp8 = (actmem.mok.core.Workspace(ctx, (*dims, p), s.T) for p in ("bf16", "fp8"))
+        assert bf16.saved_bytes(s.T) == fp8.saved_bytes(s.T) == saved["cpu"]
+        assert len(set(saved.values())) == 1, saved
+        bf16.close(), fp8.close(), ctx.close()
+        assert rows[s.name][2] == f"{saved['cpu'] / s.T:,.0f}", rows[s.name]
+        for fn in (layers.loop_moe, layers.grouped_mm_moe):
+            if fn is layers.grouped_mm_moe and layers.grouped_mm_available("cpu") is not None:
+                continue
+            r = actmem.torch_per_token(fn, s, "cpu")
+            assert r["a"] == s.k * (2 * s.H + 8 * s.I + 8 * s.H + 8 + 8 + 4) + 8 * s.I_s, r
+            assert r["b"] == (4 * s.E if fn is layers.grouped_mm_moe else 0), r
