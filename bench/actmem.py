@@ -51,15 +51,16 @@ def mok_saved(shape, device):
 
 
 def mok_parts(shape, saved):
-    """DESIGN §2.4's accounting of saved, per token: routed gu and hw (6 I bytes a row, rows padded
+    """DESIGN §2.4's accounting of saved (bytes of a call): routed gu and hw (6 I bytes a row, rows padded
     to 128 per expert for the worst routing), the shared expert's gus and hs (6 I_s a token) and
     the schedule, which is what is left and must be small."""
     slots = shape.T * shape.k
     rows = -(-(slots + min(shape.E, slots) * (TILE_M - 1)) // TILE_M) * TILE_M
     routed, shared = rows * 6 * shape.I, shape.T * 6 * shape.I_s
     schedule = saved - routed - shared
-    # The schedule: per routed row its source, weight and block, per slot its row, and a header.
-    if not 0 < schedule <= rows * 12 + slots * 4 + shape.E * 8 + 4096:
+    # The schedule: per routed row its source and weight (and a word per 128-row block), per slot
+    # its row, per expert its count and offset, and the header (each part 256-byte aligned).
+    if not 0 < schedule <= rows * 8 + rows // TILE_M * 4 + slots * 4 + shape.E * 8 + 4096:
         raise AssertionError(f"{shape.name}: saved ({saved} bytes) is not DESIGN §2.4's gu, hw, "
                              f"gus and hs ({routed + shared}) plus a schedule")
     return dict(routed=routed, shared=shared, schedule=schedule, padding=rows / slots - 1)
