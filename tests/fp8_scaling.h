@@ -7,6 +7,7 @@
  * block) gives the plain layer's outputs times known powers of two, bit for bit, exactly when
  * every quantization takes the groups DESIGN §8.1 says. Likewise each expert's rows scaled block
  * of 128 by block (k = 1: the router weight up, dy down) for the weight gradients' Q_col.
+ * Also the relative error and cosine both report.
  */
 #ifndef MOK_TESTS_FP8_SCALING_H
 #define MOK_TESTS_FP8_SCALING_H
@@ -24,6 +25,21 @@ static inline double fs_bf(uint16_t b) { return (double)mok_bf16_to_f32(b); }
 static inline int fs_same_float(float a, float b) {
   return memcmp(&a, &b, sizeof a) == 0 || (a != a && b != b);
 }
+/* ||a - b|| / ||b|| and the cosine of a and b, accumulated (what FP8 costs against a layer
+ * without it). */
+typedef struct agree {
+  double ab, aa, bb, dd;
+} agree;
+static inline void agree_add(agree *g, double a, double b) {
+  g->ab += a * b, g->aa += a * a, g->bb += b * b, g->dd += (a - b) * (a - b);
+}
+static inline double agree_rel(const agree *g) {
+  return g->bb > 0 ? sqrt(g->dd / g->bb) : INFINITY;
+}
+static inline double agree_cos(const agree *g) {
+  return g->aa > 0 && g->bb > 0 ? g->ab / sqrt(g->aa * g->bb) : 0.0;
+}
+
 static const char *const fs_names[3 + G_COUNT] = {"y",       "dx",    "d_topk_weights",
                                                   "dw_gate", "dw_up", "dw_down",
                                                   "dws_gate", "dws_up", "dws_down"};
@@ -103,7 +119,8 @@ static inline void check_scaled_bits(const harness *plain, const harness *scaled
       const uint16_t dx = times_pow2(plain->dx[t * H + h], out_exp(sc, 1, t, h));
       if ((y != scaled->y[t * H + h] || dx != scaled->dx[t * H + h]) && bad++ < 5)
         CHECK(0, "%s: token %lld column %lld: y %g dx %g, want %g and %g", what, (long long)t,
-              (long long)h, fs_bf(scaled->y[t * H + h]), fs_bf(scaled->dx[t * H + h]), fs_bf(y), fs_bf(dx));
+              (long long)h, fs_bf(scaled->y[t * H + h]), fs_bf(scaled->dx[t * H + h]), fs_bf(y),
+              fs_bf(dx));
     }
     for (int64_t j = 0; j < k; j++) {
       const float d = (float)ldexp(plain->dtw[t * k + j], out_exp(sc, 2, t, j));

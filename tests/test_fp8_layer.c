@@ -36,8 +36,6 @@ static float oracle_q(float v, float amax) {
   return (float)ldexp((double)mok_e4m3_decode(oracle_e4m3((float)ldexp((double)v, -e))), e);
 }
 
-static int same_float(float a, float b) { return memcmp(&a, &b, sizeof a) == 0 || (a != a && b != b); }
-
 /* Values whose magnitude changes by 2^20 and more from one group to the next (a group of zeros,
  * a NaN among them), on n values `stride` apart in groups of 128 from the first. */
 static void wide_values(float *v, int64_t n, uint64_t seed) {
@@ -64,13 +62,14 @@ static void q_row_and_cols_vs_oracle(void) {
   cpu_q_row(v, n);
   int bad = 0;
   for (int64_t i = 0; i < n; i++)
-    if (!same_float(v[i], want[i]) && bad++ < 5)
+    if (!fs_same_float(v[i], want[i]) && bad++ < 5)
       CHECK(0, "Q_row: value %lld is %a, want %a", (long long)i, v[i], want[i]);
   free(v), free(want);
 
   /* Q_col: column c of rows x cols (stride cols + 3) takes the wide values down its rows */
   const int64_t stride = cols + 3;
-  float *m = malloc((size_t)(rows * stride) * sizeof *m), *w = malloc((size_t)(rows * stride) * sizeof *w);
+  float *m = malloc((size_t)(rows * stride) * sizeof *m);
+  float *w = malloc((size_t)(rows * stride) * sizeof *w);
   float *col = malloc((size_t)rows * sizeof *col);
   for (int64_t c = 0; c < stride; c++) {
     wide_values(col, rows, 42 + (uint64_t)c);
@@ -86,30 +85,12 @@ static void q_row_and_cols_vs_oracle(void) {
   for (int64_t c = 0; c < cols; c++) cpu_q_col(m + c, rows, stride);
   bad = 0;
   for (int64_t i = 0; i < rows * stride; i++)
-    if (!same_float(m[i], w[i]) && bad++ < 5)
+    if (!fs_same_float(m[i], w[i]) && bad++ < 5)
       CHECK(0, "Q_col: row %lld column %lld is %a, want %a", (long long)(i / stride),
             (long long)(i % stride), m[i], w[i]);
   free(m), free(w), free(col);
 }
 
-static double bf(uint16_t b) { return (double)mok_bf16_to_f32(b); }
-
-/* ||a - b|| / ||b|| and the cosine of a and b, accumulated. */
-typedef struct agree {
-  double ab, aa, bb, dd;
-} agree;
-
-static void agree_add(agree *g, double a, double b) {
-  g->ab += a * b, g->aa += a * a, g->bb += b * b, g->dd += (a - b) * (a - b);
-}
-static double agree_rel(const agree *g) { return g->bb > 0 ? sqrt(g->dd / g->bb) : INFINITY; }
-static double agree_cos(const agree *g) {
-  return g->aa > 0 && g->bb > 0 ? g->ab / sqrt(g->aa * g->bb) : 0.0;
-}
-
-static const char *const names[3 + G_COUNT] = {"y",       "dx",      "d_topk_weights",
-                                                "dw_gate", "dw_up",   "dw_down",
-                                                "dws_gate", "dws_up", "dws_down"};
 
 /* Tolerance of the FP8 layer against the unquantized ones: relative L2 error per tensor (and a
  * cosine of at least 1 - tol^2 / 2, which that implies).
@@ -138,13 +119,14 @@ static void vs_bf16_layer(const harness *f, const harness *b, double rel[3 + G_C
   agree g[3 + G_COUNT];
   memset(g, 0, sizeof g);
   for (int64_t i = 0; i < TH; i++) {
-    agree_add(&g[0], bf(f->y[i]), bf(b->y[i]));
-    agree_add(&g[1], bf(f->dx[i]), bf(b->dx[i]));
+    agree_add(&g[0], fs_bf(f->y[i]), fs_bf(b->y[i]));
+    agree_add(&g[1], fs_bf(f->dx[i]), fs_bf(b->dx[i]));
   }
   for (int64_t i = 0; i < Tk; i++) agree_add(&g[2], f->dtw[i], b->dtw[i]);
   for (int w = 0; w < G_COUNT; w++)
     for (int64_t i = 0; i < f->g_len[w]; i++)
-      agree_add(&g[3 + w], bf(((const uint16_t *)f->g[w])[i]), bf(((const uint16_t *)b->g[w])[i]));
+      agree_add(&g[3 + w], fs_bf(((const uint16_t *)f->g[w])[i]),
+                fs_bf(((const uint16_t *)b->g[w])[i]));
   for (int i = 0; i < 3 + G_COUNT; i++) rel[i] = agree_rel(&g[i]), cosine[i] = agree_cos(&g[i]);
 }
 
@@ -164,9 +146,9 @@ static void vs_ref64(const harness *f, mok_precision precision, const scaling *s
   for (int64_t t = 0; t < f->T; t += stride) {
     mok_ref64_token(&L, t, y, dx, dtw);
     for (int64_t i = 0; i < H; i++) {
-      agree_add(&g[0], ldexp(bf(f->y[t * H + i]), -out_exp(sc, 0, t, i)),
+      agree_add(&g[0], ldexp(fs_bf(f->y[t * H + i]), -out_exp(sc, 0, t, i)),
                 ldexp(y[i], -out_exp(sc, 0, t, i)));
-      agree_add(&g[1], ldexp(bf(f->dx[t * H + i]), -out_exp(sc, 1, t, i)),
+      agree_add(&g[1], ldexp(fs_bf(f->dx[t * H + i]), -out_exp(sc, 1, t, i)),
                 ldexp(dx[i], -out_exp(sc, 1, t, i)));
     }
     for (int64_t j = 0; j < k; j++)
@@ -184,9 +166,9 @@ static void vs_ref64(const harness *f, mok_precision precision, const scaling *s
         mok_ref64_grad_row(&L, (mok_ref_grad)w, e, r, row);
         for (int64_t i = 0; i < len; i++) {
           const int x = out_exp(sc, 3 + w, r, i);
-          const double ref = bf(mok_f32_to_bf16((float)row[i])); /* as written, bf16 */
-          agree_add(&g[3 + w], ldexp(bf(((const uint16_t *)f->g[w])[(e * rows + r) * len + i]), -x),
-                    ldexp(ref, -x));
+          const double ref = fs_bf(mok_f32_to_bf16((float)row[i])); /* as written, bf16 */
+          const uint16_t got = ((const uint16_t *)f->g[w])[(e * rows + r) * len + i];
+          agree_add(&g[3 + w], ldexp(fs_bf(got), -x), ldexp(ref, -x));
         }
       }
   }
@@ -198,10 +180,10 @@ static void report(const char *what, const harness *f, const double rel[], const
   printf("     %s: rel.err / cosine:", what);
   for (int i = 0; i < 3 + G_COUNT; i++) {
     if (i >= 3 && f->g_len[i - 3] == 0) continue;
-    printf(" %s %.3f/%.5f", names[i], rel[i], cosine[i]);
-    CHECK(rel[i] < TOL_FP8, "%s: %s rel err %.3g > %.3g", what, names[i], rel[i], TOL_FP8);
+    printf(" %s %.3f/%.5f", fs_names[i], rel[i], cosine[i]);
+    CHECK(rel[i] < TOL_FP8, "%s: %s rel err %.3g > %.3g", what, fs_names[i], rel[i], TOL_FP8);
     CHECK(cosine[i] > 1.0 - TOL_FP8 * TOL_FP8 / 2,
-          "%s: %s cosine %.6f < %.6f", what, names[i], cosine[i], 1.0 - TOL_FP8 * TOL_FP8 / 2);
+          "%s: %s cosine %.6f < %.6f", what, fs_names[i], cosine[i], 1.0 - TOL_FP8 * TOL_FP8 / 2);
   }
   printf("\n");
 }
@@ -271,8 +253,9 @@ static void scaled_case(const mok_shape *shape, int64_t T, uint64_t seed, scalin
     for (int i = 0; i < 3 + G_COUNT; i++) {
       if (i >= 3 && q.g_len[i - 3] == 0) continue;
       const double tol = i == 2 ? TOL_REF_DTW : TOL_REF_BF16;
-      printf(" %s %.2e", names[i], rel[i]);
-      CHECK(rel[i] < tol, "%s: %s rel err %.3g against ref64 > %.3g", what, names[i], rel[i], tol);
+      printf(" %s %.2e", fs_names[i], rel[i]);
+      CHECK(rel[i] < tol, "%s: %s rel err %.3g against ref64 > %.3g", what, fs_names[i], rel[i],
+            tol);
     }
     printf("\n");
   }

@@ -73,6 +73,30 @@ int run_both(harness *ref, harness *out, mok_grad_mode mode, const mok_context_c
 /* The GPU layer on h's inputs with the knobs of `knobs` (NULL: defaults) into `out`. */
 void gpu_once(harness *h, harness *out, const mok_context_config *knobs, mok_grad_mode mode);
 
+/* ---- the layer tests of test_layer.c, at either precision (test_fp8.c runs them at FP8) ------ */
+typedef struct small_case {
+  int64_t T, H, I, Is;
+  int E, k;
+} small_case;
+extern const small_case small_cases[]; /* odd sizes (test_layer.c says which) */
+extern const size_t small_case_count;
+/* The DESIGN §7 shapes (H, I, I_s, E, k; the tests take their own T). */
+typedef struct design_shape {
+  const char *name;
+  int64_t H, I, Is;
+  int E, k;
+} design_shape;
+extern const design_shape design_shapes[];
+extern const size_t design_shape_count;
+/* Every output and saved activation against the CPU, each case in both grad modes (the second in
+ * clusters of 2 x 2). */
+void layer_vs_cpu_cases(mok_precision p, const small_case *cases, size_t n);
+void routing_edges_at(mok_precision p);           /* routing edge cases against the CPU */
+void repeat_and_knobs_at(mok_precision p);        /* D1 and D2, bit for bit */
+void batch_subsets_at(mok_precision p);           /* D3, bit for bit */
+void recompute_matches_forward_at(mok_precision p);
+void graph_replay_at(mok_precision p);            /* graph replays give the eager bits */
+
 #define CUDA_CHECK(expr)                                                                   \
   do {                                                                                     \
     cudaError_t e_ = (expr);                                                               \

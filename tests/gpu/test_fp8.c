@@ -1,9 +1,10 @@
 /*
  * test_fp8.c: the CUDA backend's FP8 layer (DESIGN §8) against the CPU reference's and against
- * itself: the weights' FP8 buffer byte for byte (quantized, and imported), every output and saved
- * activation on odd shapes and routing edge cases at accumulation-order tolerance, D1 repeats,
- * the D2 knob sweep, D3 batch subsets, recompute, graph replay, and on the DESIGN §7 shapes at
- * reduced T what FP8 costs against the GPU's BF16 layer (relative error and cosine per tensor).
+ * itself: the weights' FP8 buffer byte for byte (quantized, and imported), test_layer.c's tests at
+ * FP8 (every output and saved activation on odd shapes and routing edge cases at
+ * accumulation-order tolerance, D1 repeats, the D2 knob sweep, D3 batch subsets, recompute, graph
+ * replay), layers scaled group by group, and on the DESIGN §7 shapes at reduced T what FP8 costs
+ * against the GPU's BF16 layer (relative error and cosine per tensor).
  */
 #include <math.h>
 #include <stdlib.h>
@@ -125,154 +126,21 @@ static void weights_refused_untouched(void) {
   harness_fini(&h);
 }
 
-typedef struct small_case {
-  int64_t T, H, I, Is;
-  int E, k;
-} small_case;
-
-/* Tiles that overhang H and I (I = 320, 448, 2880: FP8's last k-block and the gate/up dgrad's
- * split half full), one expert, T = 1, a shared expert of another I, k > 32, many experts. */
-static const small_case small_cases[] = {
-    {300, 192, 320, 0, 8, 2},  {1, 64, 64, 64, 4, 4},    {257, 384, 128, 192, 16, 8},
-    {130, 128, 64, 0, 1, 1},   {77, 320, 192, 64, 5, 3}, {513, 256, 448, 128, 32, 4},
-    {65, 64, 64, 0, 48, 40},   {2100, 64, 64, 0, 48, 16}, {64, 2880, 2880, 192, 4, 2},
-};
-
+/* The layer tests of test_layer.c at FP8, against the CPU reference's FP8 layer; the small
+ * cases and one more, I = H = 2880: FP8's last k-block and the gate/up dgrad's split half full. */
 static void layer_vs_cpu(void) {
-  for (size_t c = 0; c < sizeof small_cases / sizeof small_cases[0]; c++) {
-    const small_case *sc = &small_cases[c];
-    for (int m = 0; m < 2; m++) {
-      const mok_grad_mode mode = m ? MOK_GRAD_ACCUMULATE_F32 : MOK_GRAD_WRITE_BF16;
-      mok_shape s = fp8_shape(sc->T, sc->H, sc->I, sc->Is, sc->E, sc->k);
-      harness ref, out;
-      if (harness_init(&ref, &s, sc->T, 100 + c, 0) && harness_init(&out, &s, sc->T, 100 + c, 0)) {
-        char tag[96];
-        snprintf(tag, sizeof tag, "fp8 T%lld H%lld I%lld Is%lld E%d k%d %s", (long long)sc->T,
-                 (long long)sc->H, (long long)sc->I, (long long)sc->Is, sc->E, sc->k,
-                 m ? "f32acc" : "bf16");
-        if (run_both(&ref, &out, mode, NULL)) {
-          compare_schedule(tag, &out, &ref);
-          compare_outputs(tag, &out, &ref, mode);
-        }
-      }
-      harness_fini(&ref);
-      harness_fini(&out);
-    }
-  }
+  static const small_case wide = {64, 2880, 2880, 192, 4, 2};
+  layer_vs_cpu_cases(MOK_FP8, small_cases, small_case_count);
+  layer_vs_cpu_cases(MOK_FP8, &wide, 1);
 }
 
-/* All tokens on one expert, segments of exactly 128 and 129 rows, duplicate ids. */
-static void routing_edges(void) {
-  mok_shape s = fp8_shape(257, 128, 128, 0, 4, 2);
-  for (int variant = 0; variant < 3; variant++) {
-    harness ref, out;
-    if (harness_init(&ref, &s, 257, 7 + variant, 0) &&
-        harness_init(&out, &s, 257, 7 + variant, 0)) {
-      for (int64_t t = 0; t < 257; t++)
-        for (int j = 0; j < 2; j++) {
-          int32_t id;
-          if (variant == 0) id = 0;
-          else if (variant == 1) id = t < 128 ? j : 2 + j;
-          else id = (int32_t)(t % 4);
-          ref.L.topk_ids[t * 2 + j] = out.L.topk_ids[t * 2 + j] = id;
-        }
-      char tag[40];
-      snprintf(tag, sizeof tag, "fp8 routing variant %d", variant);
-      if (run_both(&ref, &out, MOK_GRAD_WRITE_BF16, NULL)) {
-        compare_schedule(tag, &out, &ref);
-        compare_outputs(tag, &out, &ref, MOK_GRAD_WRITE_BF16);
-      }
-    }
-    harness_fini(&ref);
-    harness_fini(&out);
-  }
-}
+static void routing_edges(void) { routing_edges_at(MOK_FP8); }
 
-/* D1 (three runs), D2 (grid sizes, the cluster knob) and D3 (a batch's subset) bit for bit; the
- * same for recompute against forward, and for a captured graph against eager calls. */
 static void determinism(void) {
-  mok_shape s = fp8_shape(600, 512, 384, 256, 16, 4);
-  harness h, a, b;
-  if (harness_init(&h, &s, 600, 42, 0) && harness_init(&a, &s, 600, 42, 0) &&
-      harness_init(&b, &s, 600, 42, 0)) {
-    fill_grads(&h);
-    gpu_once(&h, &a, NULL, MOK_GRAD_ACCUMULATE_F32);
-    for (int r = 0; r < 2; r++) {
-      gpu_once(&h, &b, NULL, MOK_GRAD_ACCUMULATE_F32);
-      compare_bits("fp8 D1 repeat", &b, &a, MOK_GRAD_ACCUMULATE_F32);
-      same_bits("fp8 D1 saved", b.saved, a.saved, a.saved_bytes);
-    }
-    const int knobs[][2] = {{97, 0}, {33, 0}, {8, 0}, {1, 0}, {0, 4}};
-    for (size_t i = 0; i < sizeof knobs / sizeof knobs[0]; i++) {
-      mok_context_config k = MOK_CONTEXT_CONFIG_INIT;
-      k.sms = knobs[i][0], k.cluster = knobs[i][1];
-      char tag[48];
-      snprintf(tag, sizeof tag, "fp8 D2 sms=%d cluster=%d", k.sms, k.cluster);
-      gpu_once(&h, &b, &k, MOK_GRAD_ACCUMULATE_F32);
-      compare_bits(tag, &b, &a, MOK_GRAD_ACCUMULATE_F32);
-    }
-    /* D3: tokens 3, 6, 9, ... alone give their bits in the full batch */
-    harness sub, so;
-    const int64_t Ts = 171, H = s.hidden, k = s.top_k;
-    if (harness_init(&sub, &s, Ts, 42, 0) && harness_init(&so, &s, Ts, 42, 0)) {
-      gpu_once(&h, &a, NULL, MOK_GRAD_WRITE_BF16);
-      for (int64_t i = 0; i < Ts; i++) {
-        const int64_t t = 3 * (i + 1);
-        memcpy(sub.L.x + i * H, h.L.x + t * H, (size_t)H * 2);
-        memcpy(sub.L.dy + i * H, h.L.dy + t * H, (size_t)H * 2);
-        memcpy(sub.L.topk_ids + i * k, h.L.topk_ids + t * k, (size_t)k * 4);
-        memcpy(sub.L.topk_weights + i * k, h.L.topk_weights + t * k, (size_t)k * 4);
-      }
-      gpu_once(&sub, &so, NULL, MOK_GRAD_WRITE_BF16);
-      for (int64_t i = 0; i < Ts; i++) {
-        const int64_t t = 3 * (i + 1);
-        if (!same_bits("fp8 D3 y", so.y + i * H, a.y + t * H, (size_t)H * 2) ||
-            !same_bits("fp8 D3 dx", so.dx + i * H, a.dx + t * H, (size_t)H * 2) ||
-            !same_bits("fp8 D3 d_topk_weights", so.dtw + i * k, a.dtw + t * k, (size_t)k * 4))
-          break;
-      }
-    }
-    harness_fini(&sub);
-    harness_fini(&so);
-    /* recompute fills saved as forward does; a graph replays the eager bits */
-    gpu_layer d;
-    if (gpu_init(&d, &h, 600, NULL)) {
-      gpu_poison(&d, 0xff);
-      CHECK_OK(gpu_run(&d, MOK_GRAD_WRITE_BF16, 0));
-      gpu_fetch(&d, &a);
-      gpu_poison(&d, 0xff);
-      mok_forward_args f = gpu_forward_args(&d);
-      CHECK_OK(mok_recompute(d.ws, &f, 0));
-      mok_backward_args bw = gpu_backward_args(&d, MOK_GRAD_WRITE_BF16);
-      CHECK_OK(mok_backward(d.ws, &bw, 0));
-      gpu_fetch(&d, &b);
-      const mok_saved_layout S = mok_saved_layout_of(d.ws, 600);
-      same_bits("fp8 recompute gu..hs", (char *)b.saved + S.gu, (char *)a.saved + S.gu,
-                S.bytes - S.gu);
-      same_bits("fp8 recompute dx", b.dx, a.dx, (size_t)(600 * H) * 2);
-      cudaStream_t st;
-      CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-      cudaGraph_t graph = NULL;
-      cudaGraphExec_t exec = NULL;
-      CUDA_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
-      CHECK_OK(gpu_run(&d, MOK_GRAD_WRITE_BF16, st));
-      CUDA_CHECK(cudaStreamEndCapture(st, &graph));
-      CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-      gpu_poison(&d, 0xff);
-      CUDA_CHECK(cudaGraphLaunch(exec, st));
-      CUDA_CHECK(cudaStreamSynchronize(st));
-      gpu_fetch(&d, &b);
-      compare_bits("fp8 graph replay", &b, &a, MOK_GRAD_WRITE_BF16);
-      if (exec) cudaGraphExecDestroy(exec);
-      if (graph) cudaGraphDestroy(graph);
-      cudaStreamDestroy(st);
-      CHECK_OK(mok_check(d.ws, 0));
-    }
-    gpu_fini(&d);
-  }
-  harness_fini(&h);
-  harness_fini(&a);
-  harness_fini(&b);
+  repeat_and_knobs_at(MOK_FP8);
+  batch_subsets_at(MOK_FP8);
+  recompute_matches_forward_at(MOK_FP8);
+  graph_replay_at(MOK_FP8);
 }
 
 /* The GPU layer plain and scaled group by group (tests/fp8_scaling.h) against each other, bit for
@@ -319,13 +187,7 @@ static void row_block_scaling(void) {
   scaled_case(&s, 600, 902, &sc, st, "gpu blocks of each expert's rows");
 }
 
-/* ||a - b|| / ||b|| and the cosine of a and b over n values of two tensors (bf16 or fp32). */
-typedef struct agree {
-  double d2, a2, b2, ab;
-} agree;
-static void agree_add(agree *g, double a, double b) {
-  g->d2 += (a - b) * (a - b), g->a2 += a * a, g->b2 += b * b, g->ab += a * b;
-}
+/* agree (fp8_scaling.h) over n values of two tensors, bf16 or fp32. */
 static void agree_tensor(agree *g, const void *a, const void *b, size_t n, int f32) {
   for (size_t i = 0; i < n; i++)
     agree_add(g, f32 ? ((const float *)a)[i] : bf16_to_f32(((const uint16_t *)a)[i]),
@@ -337,15 +199,9 @@ static void agree_tensor(agree *g, const void *a, const void *b, size_t n, int f
  * (the CPU's): what e4m3's 3 mantissa bits cost, with margin. */
 #define TOL_FP8 0.10
 static void design_shapes_vs_bf16(void) {
-  static const struct {
-    const char *name;
-    int64_t H, I, Is;
-    int E, k;
-  } shapes[] = {{"dsv3", 7168, 2048, 2048, 32, 8},     {"qwen3-30b-a3b", 2048, 768, 0, 128, 8},
-                {"qwen3-235b", 4096, 1536, 0, 128, 8}, {"mixtral-8x7b", 4096, 14336, 0, 8, 2},
-                {"gpt-oss-120b", 2880, 2880, 0, 128, 4}, {"fine-7b", 1536, 256, 0, 128, 8}};
+  const design_shape *shapes = design_shapes;
   const int64_t T = 256;
-  for (size_t c = 0; c < sizeof shapes / sizeof shapes[0]; c++) {
+  for (size_t c = 0; c < design_shape_count; c++) {
     mok_shape s8 = fp8_shape(T, shapes[c].H, shapes[c].I, shapes[c].Is, shapes[c].E, shapes[c].k);
     mok_shape s16 = s8;
     s16.precision = MOK_BF16;
@@ -355,8 +211,7 @@ static void design_shapes_vs_bf16(void) {
       gpu_once(&h8, &o8, NULL, MOK_GRAD_WRITE_BF16);
       gpu_once(&o16, &o16, NULL, MOK_GRAD_WRITE_BF16);
       const int64_t H = shapes[c].H, k = shapes[c].k;
-      const char *names[3 + G_COUNT] = {"y", "dx", "dtw", "dw_gate", "dw_up", "dw_down",
-                                        "dws_gate", "dws_up", "dws_down"};
+      CHECK(nan_count_bf16(o8.y, (size_t)(T * H)) == 0, "%s: y has NaN", shapes[c].name);
       printf("     %s fp8 vs bf16 (rel.err/cosine):", shapes[c].name);
       for (int i = 0; i < 3 + G_COUNT; i++) {
         agree g = {0, 0, 0, 0};
@@ -366,12 +221,10 @@ static void design_shapes_vs_bf16(void) {
         else if (o8.g_len[i - 3])
           agree_tensor(&g, o8.g[i - 3], o16.g[i - 3], (size_t)o8.g_len[i - 3], 0);
         else continue;
-        const double rel = sqrt(g.d2 / (g.b2 > 0 ? g.b2 : 1)),
-                     cosv = g.ab / sqrt(g.a2 * g.b2 > 0 ? g.a2 * g.b2 : 1);
-        printf(" %s %.4f/%.6f", names[i], rel, cosv);
+        const double rel = agree_rel(&g), cosv = agree_cos(&g);
+        printf(" %s %.4f/%.6f", fs_names[i], rel, cosv);
         CHECK(rel < TOL_FP8 && cosv > 1 - TOL_FP8 * TOL_FP8 / 2, "%s: %s rel err %.3g cosine %.6f",
-              shapes[c].name, names[i], rel, cosv);
-        CHECK(nan_count_bf16(o8.y, (size_t)(T * H)) == 0, "%s: y has NaN", shapes[c].name);
+              shapes[c].name, fs_names[i], rel, cosv);
       }
       printf("\n");
     }

@@ -17,42 +17,47 @@
 
 #define TOL GPU_TOL
 
-typedef struct small_case {
-  int64_t T, H, I, Is;
-  int E, k;
-} small_case;
-
 /* Odd sizes: tiles that overhang H and I, one expert, T = 1, a shared expert of another I,
  * k > 32 (dispatch takes a token's slots 32 at a time), T = 2100 (between one and two tokens a
  * warp of the layer launch, which takes them two at a time: the warps whose second token is past
  * T, and their step back to their first group of routed rows), and for the schedule's scan: more
  * experts than its block has threads, with more chunks than it loads in one batch (9 chunks of
  * 1024 slots), and 33 chunks over 21 rows of 48 threads (slices of 2 after a prefix). */
-static const small_case small_cases[] = {
+const small_case small_cases[] = {
     {300, 192, 320, 0, 8, 2},   {1, 64, 64, 64, 4, 4},     {257, 384, 128, 192, 16, 8},
     {130, 128, 64, 0, 1, 1},    {77, 320, 192, 64, 5, 3},  {513, 256, 448, 128, 32, 4},
     {65, 64, 64, 0, 48, 40},    {2100, 64, 64, 0, 1500, 4}, {2100, 64, 64, 0, 48, 16},
 };
+const size_t small_case_count = sizeof small_cases / sizeof small_cases[0];
+
+static mok_shape shape_at(mok_precision p, int64_t T, int64_t H, int64_t I, int64_t Is, int E,
+                          int k) {
+  mok_shape s = shape_of(T, H, I, Is, E, k);
+  s.precision = p;
+  return s;
+}
+
+static const char *precision_name(mok_precision p) { return p == MOK_FP8 ? "fp8" : "bf16"; }
 
 /* Each case twice: bf16 weight gradients in clusters of 2 x 1 (the default), fp32 main-grad
  * accumulation in clusters of 2 x 2 (the knob), so the sanitizers, which run this test, see both
  * cluster shapes. */
-static void layer_vs_cpu(void) {
+void layer_vs_cpu_cases(mok_precision p, const small_case *cases, size_t n) {
   mok_context_config k4 = MOK_CONTEXT_CONFIG_INIT;
   k4.cluster = 4;
-  for (size_t c = 0; c < sizeof small_cases / sizeof small_cases[0]; c++) {
-    const small_case *sc = &small_cases[c];
+  for (size_t c = 0; c < n; c++) {
+    const small_case *sc = &cases[c];
     for (int m = 0; m < 2; m++) {
       mok_grad_mode mode = m ? MOK_GRAD_ACCUMULATE_F32 : MOK_GRAD_WRITE_BF16;
-      mok_shape s = shape_of(sc->T, sc->H, sc->I, sc->Is, sc->E, sc->k);
+      mok_shape s = shape_at(p, sc->T, sc->H, sc->I, sc->Is, sc->E, sc->k);
       harness ref, out;
       int ok = harness_init(&ref, &s, sc->T, 100 + c, 0) &&
                harness_init(&out, &s, sc->T, 100 + c, 0);
       if (ok) {
         char tag[96];
-        snprintf(tag, sizeof tag, "T%lld H%lld I%lld Is%lld E%d k%d %s", (long long)sc->T,
-                 (long long)sc->H, (long long)sc->I, (long long)sc->Is, sc->E, sc->k,
-                 m ? "f32acc 2x2" : "bf16 2x1");
+        snprintf(tag, sizeof tag, "%s T%lld H%lld I%lld Is%lld E%d k%d %s", precision_name(p),
+                 (long long)sc->T, (long long)sc->H, (long long)sc->I, (long long)sc->Is, sc->E,
+                 sc->k, m ? "f32acc 2x2" : "bf16 2x1");
         if (run_both(&ref, &out, mode, m ? &k4 : NULL)) {
           compare_schedule(tag, &out, &ref);
           compare_outputs(tag, &out, &ref, mode);
@@ -64,10 +69,12 @@ static void layer_vs_cpu(void) {
   }
 }
 
+static void layer_vs_cpu(void) { layer_vs_cpu_cases(MOK_BF16, small_cases, small_case_count); }
+
 /* Routing edge cases: all tokens on one expert (others empty), segments of exactly 128 and 129
  * rows, duplicate ids within a token. */
-static void routing_edges(void) {
-  mok_shape s = shape_of(257, 128, 128, 0, 4, 2);
+void routing_edges_at(mok_precision p) {
+  mok_shape s = shape_at(p, 257, 128, 128, 0, 4, 2);
   for (int variant = 0; variant < 3; variant++) {
     harness ref, out;
     if (harness_init(&ref, &s, 257, 7 + variant, 0) &&
@@ -80,8 +87,8 @@ static void routing_edges(void) {
           else id = (int32_t)(t % 4);                                /* duplicates: j0 == j1 */
           ref.L.topk_ids[t * 2 + j] = out.L.topk_ids[t * 2 + j] = id;
         }
-      char tag[32];
-      snprintf(tag, sizeof tag, "routing variant %d", variant);
+      char tag[40];
+      snprintf(tag, sizeof tag, "%s routing variant %d", precision_name(p), variant);
       if (run_both(&ref, &out, MOK_GRAD_WRITE_BF16, NULL)) {
         compare_schedule(tag, &out, &ref);
         compare_outputs(tag, &out, &ref, MOK_GRAD_WRITE_BF16);
@@ -94,21 +101,16 @@ static void routing_edges(void) {
 
 /* DESIGN §7 shapes with their full H, I, E, k at reduced T, against the float64 checker on
  * sampled tokens and gradient rows. */
-typedef struct design_shape {
-  const char *name;
-  int64_t H, I, Is;
-  int E, k;
-} design_shape;
-
-static const design_shape design_shapes[] = {
+const design_shape design_shapes[] = {
     {"dsv3", 7168, 2048, 2048, 32, 8},          {"qwen3-30b-a3b", 2048, 768, 0, 128, 8},
     {"qwen3-235b", 4096, 1536, 0, 128, 8},      {"mixtral-8x7b", 4096, 14336, 0, 8, 2},
     {"gpt-oss-120b", 2880, 2880, 0, 128, 4},    {"fine-7b", 1536, 256, 0, 128, 8},
 };
+const size_t design_shape_count = sizeof design_shapes / sizeof design_shapes[0];
 
 static void design_shapes_vs_ref64(void) {
   const int64_t T = 256;
-  for (size_t c = 0; c < sizeof design_shapes / sizeof design_shapes[0]; c++) {
+  for (size_t c = 0; c < design_shape_count; c++) {
     const design_shape *ds = &design_shapes[c];
     mok_shape s = shape_of(T, ds->H, ds->I, ds->Is, ds->E, ds->k);
     harness out;
@@ -173,8 +175,8 @@ static void design_shapes_vs_ref64(void) {
  * rows per expert make segments of one and of two M tiles, so a cluster's M tiles may belong to
  * two experts (B not shared); the shared expert has 5 M tiles and gate/up forward 3 N tiles of
  * 128, so clusters have phantom CTAs along M and, at 2 x 2, along N. */
-static void repeat_and_knobs(void) {
-  mok_shape s = shape_of(520, 512, 384, 256, 16, 4);
+void repeat_and_knobs_at(mok_precision p) {
+  mok_shape s = shape_at(p, 520, 512, 384, 256, 16, 4);
   harness h, a, b;
   if (harness_init(&h, &s, 520, 42, 0) && harness_init(&a, &s, 520, 42, 0) &&
       harness_init(&b, &s, 520, 42, 0)) {
@@ -202,8 +204,8 @@ static void repeat_and_knobs(void) {
 }
 
 /* D3: a token's y, dx and d_topk_weights do not depend on the rest of the batch. */
-static void batch_subsets(void) {
-  mok_shape s = shape_of(600, 256, 192, 128, 8, 2);
+void batch_subsets_at(mok_precision p) {
+  mok_shape s = shape_at(p, 600, 256, 192, 128, 8, 2);
   harness full, fo, sub, so;
   const int64_t Ts = 171; /* tokens 3, 6, 9, ... of the full batch */
   if (harness_init(&full, &s, 600, 77, 0) && harness_init(&fo, &s, 600, 77, 0) &&
@@ -475,8 +477,8 @@ static void host_pointer_refused(void) {
 
 /* Recompute fills saved's activations (gu, hw, gus, hs) exactly as forward does; backward from
  * it gives the same dx and dw_gate. */
-static void recompute_matches_forward(void) {
-  mok_shape s = shape_of(333, 256, 192, 64, 8, 3);
+void recompute_matches_forward_at(mok_precision p) {
+  mok_shape s = shape_at(p, 333, 256, 192, 64, 8, 3);
   harness h, a, b;
   if (harness_init(&h, &s, 333, 11, 0) && harness_init(&a, &s, 333, 11, 0) &&
       harness_init(&b, &s, 333, 11, 0)) {
@@ -572,8 +574,8 @@ static void x_rows_kept(void) {
 
 /* Forward + backward captured in a CUDA graph (global capture mode, as PyTorch does) and
  * replayed twice give the eager bits. */
-static void graph_replay(void) {
-  mok_shape s = shape_of(400, 256, 256, 128, 16, 4);
+void graph_replay_at(mok_precision p) {
+  mok_shape s = shape_at(p, 400, 256, 256, 128, 16, 4);
   harness h, eager, replay;
   if (harness_init(&h, &s, 400, 21, 0) && harness_init(&eager, &s, 400, 21, 0) &&
       harness_init(&replay, &s, 400, 21, 0)) {
@@ -661,6 +663,12 @@ static void kernels_per_call(void) {
     harness_fini(&h);
   }
 }
+
+static void routing_edges(void) { routing_edges_at(MOK_BF16); }
+static void repeat_and_knobs(void) { repeat_and_knobs_at(MOK_BF16); }
+static void batch_subsets(void) { batch_subsets_at(MOK_BF16); }
+static void recompute_matches_forward(void) { recompute_matches_forward_at(MOK_BF16); }
+static void graph_replay(void) { graph_replay_at(MOK_BF16); }
 
 const test_case tests_gpu_layer[] = {
     {"gpu/layer_vs_cpu_small_shapes", layer_vs_cpu},
