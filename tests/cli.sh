@@ -7,25 +7,7 @@ set -euo pipefail
 mok=./build/mok
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-passed=0 failed=0
-
-# check NAME STATUS PATTERN -- COMMAND...: COMMAND exits with STATUS and its stdout+stderr, newlines
-# turned into spaces, matches the extended regex PATTERN (empty: anything).
-check() {
-  local name=$1 want=$2 pattern=$3 rc=0 start=$SECONDS
-  shift 4
-  "$@" >"$tmp/out" 2>&1 || rc=$?
-  if [[ $rc -eq $want ]] &&
-    { [[ -z $pattern ]] || tr '\n' ' ' <"$tmp/out" | grep -Eq -- "$pattern"; }; then
-    printf '%-4s %-48s %6ss\n' ok "$name" $((SECONDS - start))
-    passed=$((passed + 1))
-  else
-    printf 'FAIL %s: exit %d (expected %d), output matching /%s/ expected:\n' "$name" "$rc" \
-      "$want" "$pattern"
-    sed 's/^/    /' "$tmp/out" | tail -n 30
-    failed=$((failed + 1))
-  fi
-}
+. "$(dirname "${BASH_SOURCE[0]}")/check.sh"
 
 # The digest table of a run's output (stdout only): the lines between "outputs" and the check.
 digests() { "$@" 2>/dev/null | sed -n '/^outputs/,/^$/p'; }
@@ -256,5 +238,4 @@ awk '/^```c$/ {f = 1; next} /^```$/ {f = 0} f' README.md >"$tmp/readme.c"
 check cli/readme_example_is_example_c 0 '' -- diff "$tmp/readme.c" tools/example.c
 check cli/example_runs 0 '^y\[0\] = ' -- ./build/example
 
-echo "$passed passed, $failed failed"
-[[ $failed -eq 0 ]]
+check_done

@@ -8,22 +8,7 @@ set -euo pipefail
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 prefix=$tmp/prefix
-passed=0 failed=0
-
-check() { # check NAME STATUS PATTERN -- COMMAND...: as in tests/cli.sh
-  local name=$1 want=$2 pattern=$3 rc=0 out
-  shift 4
-  out=$("$@" 2>&1) || rc=$?
-  if [[ $rc -eq $want ]] && { [[ -z $pattern ]] || printf '%s' "$out" | tr '\n' ' ' | grep -Eq -- "$pattern"; }; then
-    printf 'ok   %s\n' "$name"
-    passed=$((passed + 1))
-  else
-    printf 'FAIL %s: exit %d (expected %d), output matching /%s/ expected:\n' "$name" "$rc" "$want" \
-      "$pattern"
-    tail -n 30 <<<"$out" | sed 's/^/    /'
-    failed=$((failed + 1))
-  fi
-}
+. "$(dirname "${BASH_SOURCE[0]}")/check.sh"
 
 # A make of its own (not this one's sub-make): everything is built already.
 check install/make_install 0 '' -- env -u MAKEFLAGS -u MAKELEVEL make -s install PREFIX="$prefix"
@@ -32,7 +17,7 @@ check install/files 0 '' -- test -f "$prefix/include/mok.h" -a -f "$prefix/lib/l
   -a -f "$prefix/lib/libmok.so.$v" -a -L "$prefix/lib/libmok.so" -a -x "$prefix/bin/mok"
 check install/only_the_public_header 0 '^mok.h $' -- sh -c "ls '$prefix/include' | tr '\n' ' '"
 soname=$(readelf -d "$prefix/lib/libmok.so.$v" | sed -n 's/.*soname: \[\(.*\)\]/\1/p')
-check install/soname_link 0 "^libmok.so.$v\$" -- readlink "$prefix/lib/$soname"
+check install/soname_link 0 "^libmok.so.$v \$" -- readlink "$prefix/lib/$soname"
 
 # libmok.so's exports are exactly the functions mok.h declares: not the generator, the float64
 # recomputation, the backends or the CUDA runtime linked into it.
@@ -43,7 +28,7 @@ check install/no_generator_or_oracle 1 '' -- grep -Eq 'mok_(gen|ref64|host_layer
   <<<"$exported"
 
 export PKG_CONFIG_PATH=$prefix/lib/pkgconfig
-check install/pkg_config 0 "^-I$prefix/include -L$prefix/lib -lmok \$" -- \
+check install/pkg_config 0 "^-I$prefix/include -L$prefix/lib -lmok  \$" -- \
   pkg-config --cflags --libs mok
 # The README's command, with the README's example; it runs against the installed libmok.so.
 check install/example_builds 0 '' -- \
@@ -63,5 +48,4 @@ check install/command 0 'run: PASS' -- \
 check install/uninstall 0 '' -- sh -c "env -u MAKEFLAGS -u MAKELEVEL make -s uninstall \
   PREFIX='$prefix' && test -z \"\$(find '$prefix' -type f -o -type l)\""
 
-echo "$passed passed, $failed failed"
-[[ $failed -eq 0 ]]
+check_done

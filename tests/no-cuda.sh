@@ -5,22 +5,7 @@
 # backend. Prints one line per check and "N passed, N failed"; exit status 1 if any failed.
 set -euo pipefail
 b=${1:?usage: tests/no-cuda.sh BUILD}
-passed=0 failed=0
-
-check() { # check NAME STATUS PATTERN -- COMMAND...: as in tests/cli.sh
-  local name=$1 want=$2 pattern=$3 rc=0 out
-  shift 4
-  out=$("$@" 2>&1) || rc=$?
-  if [[ $rc -eq $want ]] && { [[ -z $pattern ]] || printf '%s' "$out" | tr '\n' ' ' | grep -Eq -- "$pattern"; }; then
-    printf 'ok   %s\n' "$name"
-    passed=$((passed + 1))
-  else
-    printf 'FAIL %s: exit %d (expected %d), output matching /%s/ expected:\n' "$name" "$rc" "$want" \
-      "$pattern"
-    tail -n 30 <<<"$out" | sed 's/^/    /'
-    failed=$((failed + 1))
-  fi
-}
+. "$(dirname "${BASH_SOURCE[0]}")/check.sh"
 
 check no-cuda/links_no_cuda 0 '' -- sh -c "! nm '$b/libmok.so' | grep -qi 'cuda[A-Z]\|nccl[A-Z]'"
 check no-cuda/c_tests 0 ' passed, 0 failed' -- "$b/test_mok"
@@ -44,5 +29,4 @@ except mok.MokUnsupported as e:
     assert 'built without the CUDA backend' in e.message, e.message
 print('ok')"
 
-echo "$passed passed, $failed failed"
-[[ $failed -eq 0 ]]
+check_done

@@ -9,22 +9,7 @@ set -euo pipefail
 repo=$(pwd)
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-passed=0 failed=0
-
-check() { # check NAME STATUS PATTERN -- COMMAND...: as in tests/cli.sh
-  local name=$1 want=$2 pattern=$3 rc=0 out start=$SECONDS
-  shift 4
-  out=$("$@" 2>&1) || rc=$?
-  if [[ $rc -eq $want ]] && { [[ -z $pattern ]] || printf '%s' "$out" | tr '\n' ' ' | grep -Eq -- "$pattern"; }; then
-    printf 'ok   %-40s %4ss\n' "$name" $((SECONDS - start))
-    passed=$((passed + 1))
-  else
-    printf 'FAIL %s: exit %d (expected %d), output matching /%s/ expected:\n' "$name" "$rc" "$want" \
-      "$pattern"
-    tail -n 30 <<<"$out" | sed 's/^/    /'
-    failed=$((failed + 1))
-  fi
-}
+. "$(dirname "${BASH_SOURCE[0]}")/check.sh"
 
 py=$tmp/venv/bin/python
 check wheel/venv 0 '' -- python3 -m venv "$tmp/venv"
@@ -61,5 +46,4 @@ check wheel/command 0 '^mok [0-9]+\.[0-9]+\.[0-9]+ .*backends built: cpu' -- "$t
 check wheel/python_m_mok 0 'run: PASS' -- \
   "$py" -m mok run --shape fine-7b --scale 1/64 --backend cpu --check-rows 2
 
-echo "$passed passed, $failed failed"
-[[ $failed -eq 0 ]]
+check_done
