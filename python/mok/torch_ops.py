@@ -324,6 +324,18 @@ def _backward_op(dy: Tensor, x: Tensor, topk_ids: Tensor, topk_weights: Tensor, 
         for grad in out[2:]:
             grad.zero_()
         return out
+    grads = out[2:5] + (out[5:] if dims.shared_inter else [None] * 3)
+    _backward_call(where, dims, t, g, x, topk_ids, topk_weights, weights, saved, dy, out, grads,
+                   "bf16")
+    return out
+
+
+def _backward_call(where, dims, t, g, x, topk_ids, topk_weights, weights, saved, dy, out, grads,
+                   mode):
+    """What mok::backward and mok::backward_main_grad share: saved's size checked against the
+    workspace's, then the call, into out's dx and d_topk_weights and the six `grads` (None where
+    there is no shared expert), written (mode "bf16") or added to ("f32")."""
+    dev = x.device
     backend, index = _where(dev)
     with _Device(dev):
         ws = core.workspace(dims, t, backend, index, group=g)
@@ -332,13 +344,12 @@ def _backward_op(dy: Tensor, x: Tensor, topk_ids: Tensor, topk_weights: Tensor, 
             raise ValueError(f"{where}: saved must be the uint8 tensor of {need} bytes on {dev} "
                              f"that mok::forward returned")
         stream = _stream(dev)
-        g = out[2:5] + (out[5:] if dims.shared_inter else [None] * 3)
         ws.backward(t, x.data_ptr(), topk_ids.data_ptr(), topk_weights.data_ptr(),
                     _weight_ptrs(ws, weights, dev, stream), _aligned_addr(saved), dy.data_ptr(),
-                    out[0].data_ptr(), out[1].data_ptr(), [_ptr(gi) for gi in g], "bf16", stream)
+                    out[0].data_ptr(), out[1].data_ptr(), [_ptr(gi) for gi in grads], mode,
+                    stream)
         if _debug and backend == "cuda" and not _capturing(dev):
             ws.check(stream)
-    return out
 
 
 _MAIN = ("m_gate", "m_up", "m_down", "ms_gate", "ms_up", "ms_down")  # one per WEIGHTS
@@ -365,20 +376,9 @@ def _backward_main_grad_op(dy: Tensor, x: Tensor, topk_ids: Tensor, topk_weights
     g = _rank_group(group, dev, where)
     if t == 0:
         return out
-    backend, index = _where(dev)
-    with _Device(dev):
-        ws = core.workspace(dims, t, backend, index, group=g)
-        need = _saved_len(ws, t)
-        if saved.dtype != torch.uint8 or saved.device != dev or saved.numel() < need:
-            raise ValueError(f"{where}: saved must be the uint8 tensor of {need} bytes on {dev} "
-                             f"that mok::forward returned")
-        stream = _stream(dev)
-        mg = list(main_grads) + [None] * (6 - len(main_grads))
-        ws.backward(t, x.data_ptr(), topk_ids.data_ptr(), topk_weights.data_ptr(),
-                    _weight_ptrs(ws, weights, dev, stream), _aligned_addr(saved), dy.data_ptr(),
-                    out[0].data_ptr(), out[1].data_ptr(), [_ptr(m) for m in mg], "f32", stream)
-        if _debug and backend == "cuda" and not _capturing(dev):
-            ws.check(stream)
+    mg = list(main_grads) + [None] * (6 - len(main_grads))
+    _backward_call(where, dims, t, g, x, topk_ids, topk_weights, weights, saved, dy, out, mg,
+                   "f32")
     return out
 
 
