@@ -9,11 +9,6 @@
 #include "fp8.h"
 #include "internal.h"
 
-#define CHECK_ARG(cond, ...)                                   \
-  do {                                                         \
-    if (!(cond)) return mok_fail(MOK_ERR_INVALID_ARG, __VA_ARGS__); \
-  } while (0)
-
 /* Every tensor must be 16-byte aligned (TMA needs it; the CPU backend keeps the same rule). */
 #define CHECK_ALIGNED(p, name)                                                             \
   do {                                                                                     \

@@ -27,6 +27,12 @@ static inline mok_status mok_done(mok_status s) {
   return s;
 }
 
+/* Returns MOK_ERR_INVALID_ARG, with the message, from the calling function unless cond holds. */
+#define CHECK_ARG(cond, ...)                                        \
+  do {                                                              \
+    if (!(cond)) return mok_fail(MOK_ERR_INVALID_ARG, __VA_ARGS__); \
+  } while (0)
+
 /* Returns the status of `expr` from the calling function unless it is MOK_OK. */
 #define TRY(expr)                  \
   do {                             \

@@ -9,11 +9,6 @@
 
 #include "internal.h"
 
-#define CHECK_ARG(cond, ...)                                            \
-  do {                                                                  \
-    if (!(cond)) return mok_fail(MOK_ERR_INVALID_ARG, __VA_ARGS__);     \
-  } while (0)
-
 /* The layer's rule: every tensor 16-byte aligned (api.c), saved on MOK_ALIGN. */
 static mok_status check_tensor(const void *p, const char *name, size_t align) {
   CHECK_ARG(p != NULL, "%s is NULL; expected a tensor", name);
