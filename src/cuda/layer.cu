@@ -136,10 +136,10 @@ static mok_status forward_on_device(mok_workspace *ws, const mok_forward_args *a
   TRY(check_forward_device(a, compute_y));
   call c = call_of(ws, a->tokens, a->saved, stream);
   const int64_t E = c.E_local;
-  __nv_bfloat16 *xr = AT(c.scratch, c.L->xr, __nv_bfloat16);
   TRY(publish(&c, c.L->sym_x, a->x, (size_t)c.T * c.H * 2));
   TRY(schedule(&c, a));
   if (ws->shape.precision == MOK_FP8) return forward8(&c, a, compute_y);
+  __nv_bfloat16 *xr = AT(c.scratch, c.L->xr, __nv_bfloat16);
   /* The rest in one launch (layer_forward_launch): dispatch, gate/up, down, and combine where no
    * group barrier must come between down and combine. */
   layer_fwd set;

@@ -24,12 +24,17 @@ typedef struct w8 {
   int64_t E, N, K, ng, kg;
 } w8;
 
-static w8 w8_of(const call *c, const void *fp8, int i) {
-  const mok_fp8_matrix_layout m = mok_fp8_layout_of(c->ws).m[i];
+/* Each weight tensor's view of the buffer fp8, in MOK_W_* order. */
+static void w8_all(const call *c, const void *fp8, w8 w[MOK_W_COUNT]) {
+  const mok_fp8_layout L = mok_fp8_layout_of(c->ws);
   const char *b = (const char *)fp8;
-  w8 w = {(const uint8_t *)(b + m.q), (const uint8_t *)(b + m.qt), (const float *)(b + m.s),
-          m.experts, m.n, m.k, (m.n + 127) / 128, (m.k + 127) / 128};
-  return w;
+  for (int i = 0; i < MOK_W_COUNT; i++) {
+    const mok_fp8_matrix_layout *m = &L.m[i];
+    const w8 v = {(const uint8_t *)(b + m->q), (const uint8_t *)(b + m->qt),
+                  (const float *)(b + m->s),   m->experts, m->n, m->k, (m->n + 127) / 128,
+                  (m->k + 127) / 128};
+    w[i] = v;
+  }
 }
 
 mok_status cuda_fp8_weights(mok_workspace *ws, const mok_weights *w, const mok_fp8_given *given,
@@ -308,23 +313,20 @@ static mok_status quant8_gather(const call *c, const fp8_rows *F, const void *ow
 /* ---- forward and backward -------------------------------------------------------------------- */
 mok_status forward8(const call *c, const mok_forward_args *a, int compute_y) {
   const fp8_rows *F = &c->L->f8.routed, *Fs = &c->L->f8.shared;
-  const w8 wg = w8_of(c, a->w.fp8, MOK_W_GATE), wu = w8_of(c, a->w.fp8, MOK_W_UP),
-           wd = w8_of(c, a->w.fp8, MOK_W_DOWN);
+  w8 w[MOK_W_COUNT];
+  w8_all(c, a->w.fp8, w);
   void *slots = AT(c->scratch, c->L->slots, void);
   float *ys = AT(c->scratch, c->L->rows_f32, float);
   TRY(quant8_gather(c, F, a->x, 0, c->status + MOK_STATUS_FILLED, &F->x, NULL));
-  TRY(gateup8(c, 1, F, &wg, &wu, c->saved + c->S.gu, c->saved + c->S.hw));
+  TRY(gateup8(c, 1, F, &w[MOK_W_GATE], &w[MOK_W_UP], c->saved + c->S.gu, c->saved + c->S.hw));
   if (c->Is) {
-    const w8 sg = w8_of(c, a->w.fp8, MOK_WS_GATE), su = w8_of(c, a->w.fp8, MOK_WS_UP);
     TRY(quant8(c, 0, Fs, a->x, c->H, c->H, &Fs->x, c->H, 0, NULL, 0, 0));
-    TRY(gateup8(c, 0, Fs, &sg, &su, c->saved + c->S.gus, c->saved + c->S.hs));
+    TRY(gateup8(c, 0, Fs, &w[MOK_WS_GATE], &w[MOK_WS_UP], c->saved + c->S.gus,
+                c->saved + c->S.hs));
   }
   if (compute_y) {
-    TRY(down8(c, 1, F, &wd, slots));
-    if (c->Is) {
-      const w8 sd = w8_of(c, a->w.fp8, MOK_WS_DOWN);
-      TRY(down8(c, 0, Fs, &sd, ys));
-    }
+    TRY(down8(c, 1, F, &w[MOK_W_DOWN], slots));
+    if (c->Is) TRY(down8(c, 0, Fs, &w[MOK_WS_DOWN], ys));
   }
   TRY(barrier(c, EP_CLOSE));
   if (compute_y) {
@@ -360,19 +362,17 @@ static mok_status expert_backward8(const call *c, int routed, const fp8_rows *F,
 
 mok_status backward8(const call *c, const mok_backward_args *a) {
   const fp8_rows *F = &c->L->f8.routed, *Fs = &c->L->f8.shared;
-  const w8 wg = w8_of(c, a->w.fp8, MOK_W_GATE), wu = w8_of(c, a->w.fp8, MOK_W_UP),
-           wd = w8_of(c, a->w.fp8, MOK_W_DOWN);
+  w8 w[MOK_W_COUNT];
+  w8_all(c, a->w.fp8, w);
   const int acc = a->grad_mode == MOK_GRAD_ACCUMULATE_F32;
   float *dxs = AT(c->scratch, c->L->rows_f32, float);
-  TRY(expert_backward8(c, 1, F, &wg, &wu, &wd, a->dy, a->x, c->saved + c->S.gu, c->saved + c->S.hw,
-                       AT(c->scratch, c->L->dgu, void), AT(c->scratch, c->L->slots, void),
-                       &a->g, acc));
-  if (c->Is) {
-    const w8 sg = w8_of(c, a->w.fp8, MOK_WS_GATE), su = w8_of(c, a->w.fp8, MOK_WS_UP),
-             sd = w8_of(c, a->w.fp8, MOK_WS_DOWN);
-    TRY(expert_backward8(c, 0, Fs, &sg, &su, &sd, a->dy, a->x, c->saved + c->S.gus,
-                         c->saved + c->S.hs, AT(c->scratch, c->L->dgus, void), dxs, &a->g, acc));
-  }
+  TRY(expert_backward8(c, 1, F, &w[MOK_W_GATE], &w[MOK_W_UP], &w[MOK_W_DOWN], a->dy, a->x,
+                       c->saved + c->S.gu, c->saved + c->S.hw, AT(c->scratch, c->L->dgu, void),
+                       AT(c->scratch, c->L->slots, void), &a->g, acc));
+  if (c->Is)
+    TRY(expert_backward8(c, 0, Fs, &w[MOK_WS_GATE], &w[MOK_WS_UP], &w[MOK_WS_DOWN], a->dy, a->x,
+                         c->saved + c->S.gus, c->saved + c->S.hs,
+                         AT(c->scratch, c->L->dgus, void), dxs, &a->g, acc));
   TRY(barrier(c, EP_CLOSE));
   const combine_args m = combine_of(c, c->Is ? dxs : NULL, a->dx);
   CUDA_TRY(combine_launch(&m, c->stream), "combine");
